@@ -1,0 +1,61 @@
+"""Config pieces every algorithm shares, and the host-side validation run before compiling.
+
+Algorithm config files (``configs/<algo>.py``) start from ``base_config()`` and add their
+own block (e.g. ``config.ppo``). ``total_env_steps`` is a FieldReference, so phases whose
+duration refers to it follow a ``--config.total_env_steps=...`` override.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.algo = ""
+    c.seed = 1
+    c.resume = False
+    c.total_env_steps = ml_collections.FieldReference(100_000)
+    c.num_devices = 0  # 0: every device JAX sees
+
+    c.env = ml_collections.ConfigDict()
+    c.env.id = "CartPole-v1"
+    c.env.num_envs = 8
+    c.env.max_episode_steps = 0  # 0: the env's registered limit
+
+    c.phase_order = ("train",)
+    c.phases = ml_collections.ConfigDict()
+
+    c.log = ml_collections.ConfigDict()
+    c.log.every_env_steps = 10_000
+    c.log.progress = True
+
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.every_env_steps = 100_000
+    c.checkpoint.keep = 3
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.every_env_steps = 50_000  # 0: only at the end
+    c.eval.at_end = True
+    c.eval.num_envs = 8
+    c.eval.num_episodes = 10
+    c.eval.greedy = False
+    c.eval.video = False
+    return c
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def validate_common(c: ml_collections.ConfigDict) -> None:
+    _require(c.env.num_envs > 0, f"env.num_envs must be > 0, got {c.env.num_envs}.")
+    _require(c.eval.num_envs > 0, f"eval.num_envs must be > 0, got {c.eval.num_envs}.")
+    _require(c.eval.num_episodes > 0, "eval.num_episodes must be > 0.")
+    _require(c.total_env_steps > 0, f"total_env_steps must be > 0, got {c.total_env_steps}.")
+    _require(c.log.every_env_steps > 0, "log.every_env_steps must be > 0.")
+    _require(c.checkpoint.every_env_steps > 0, "checkpoint.every_env_steps must be > 0.")
+    _require(c.checkpoint.keep > 0, "checkpoint.keep must be > 0.")
+    _require(c.eval.every_env_steps >= 0, "eval.every_env_steps must be >= 0 (0: end only).")
+    _require(c.num_devices >= 0, "num_devices must be >= 0 (0: all devices).")

@@ -1,0 +1,59 @@
+"""Types shared by every environment family: the spec and one step's outputs.
+
+Auto-reset convention (envpool's, kept as is): when a step returns ``terminated`` or
+``truncated`` for an env, the observation it returns is the true final observation of that
+episode. The *next* step of that env ignores its action and returns the first observation of
+a new episode with ``reward == 0`` and both flags ``False``. Algorithms therefore see every
+final observation (so truncation can be bootstrapped from ``V(final_obs)``) and must treat the
+transition taken *from* a final observation as invalid ("reset transition"); PPO masks it.
+
+``episode_over`` is the end of a *real* episode, used only for statistics: for Atari with
+``episodic_life`` a lost life sets ``terminated`` (the value target is cut) but the game, and
+so the reported episodic return, goes on until the last life or truncation.
+``raw_reward`` is the reward before clipping, also for statistics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+from flax import struct
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """Static description of a vectorised environment, enough to build networks."""
+
+    env_id: str
+    family: str  # atari | mujoco | dmc | minigrid | classic | box2d
+    num_envs: int
+    obs_shape: tuple[int, ...]  # per env, without the num_envs axis
+    obs_dtype: np.dtype
+    discrete: bool
+    num_actions: int | None  # discrete only
+    action_shape: tuple[int, ...]  # () for discrete
+    action_low: np.ndarray | None  # continuous only, shape action_shape
+    action_high: np.ndarray | None
+    max_episode_steps: int
+
+    @property
+    def is_pixels(self) -> bool:
+        return len(self.obs_shape) == 3
+
+
+@struct.dataclass
+class StepResult:
+    """One vectorised step; every field has leading axis num_envs."""
+
+    obs: jax.Array
+    reward: jax.Array  # float32, after any clipping the config asked for
+    terminated: jax.Array  # bool
+    truncated: jax.Array  # bool
+    episode_over: jax.Array  # bool, real end of episode (see module docstring)
+    raw_reward: jax.Array  # float32, unclipped
+
+    @property
+    def done(self) -> jax.Array:
+        return self.terminated | self.truncated

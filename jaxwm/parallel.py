@@ -1,0 +1,41 @@
+"""Device mesh and shardings for data parallelism (DESIGN.md, convention 7).
+
+One mesh axis, ``data``, over all devices (all local devices on one host; all global ones
+after ``jax.distributed.initialize`` on several). Training batches are sharded on their
+leading axis, parameters and optimiser state are replicated, and XLA inserts the gradient
+all-reduce. The same code runs on 1 CPU, N GPUs, or
+``XLA_FLAGS=--xla_force_host_platform_device_count=4`` fake CPU devices.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+DATA_AXIS = "data"
+
+
+def maybe_initialize_distributed() -> None:
+    """Joins a multi-host job when the launcher set JAX's coordinator variables."""
+    if os.environ.get("JAX_COORDINATOR_ADDRESS") and jax.process_count() == 1:
+        jax.distributed.initialize()
+
+
+def data_mesh(num_devices: int | None = None) -> Mesh:
+    devices = jax.devices()
+    if num_devices is not None:
+        if num_devices > len(devices):
+            raise ValueError(f"Asked for {num_devices} devices but JAX sees {len(devices)}.")
+        devices = devices[:num_devices]
+    return Mesh(np.asarray(devices), (DATA_AXIS,))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
