@@ -44,9 +44,13 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
+class ConfigError(ValueError):
+    """A config value the user set is invalid; the message says which and what to do."""
+
+
 def _require(condition: bool, message: str) -> None:
     if not condition:
-        raise ValueError(message)
+        raise ConfigError(message)
 
 
 def validate_common(c: ml_collections.ConfigDict) -> None:

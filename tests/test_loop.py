@@ -1,5 +1,6 @@
 """The loop with a toy algorithm: phase scheduling, checkpoints, resume, signals, guards."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -65,11 +66,21 @@ def test_scheduler_walks_phases_in_order():
     assert [p.name for p in phases] == ["warmup", "train"]
     assert phases[1].hooks == (("collect", 1), ("update_agent", 2))
     sched = Scheduler(phases)
+    assert sched.begin_cycle().name == "warmup"
     sched.record(10, 0)
     assert not sched.end_cycle()
+    sched.begin_cycle()
     sched.record(10, 0)
     assert sched.end_cycle() and sched.current.name == "train"
+    for _ in range(3):
+        assert sched.begin_cycle().name == "train"
+        sched.record(10, 2)
+        sched.end_cycle()
+    assert sched.finished and sched.env_steps == 50
     assert sched.total_env_steps_planned() is None
+    # Lengthening a finished phase (a resumed run with a bigger budget) reopens it.
+    sched.phases[1] = dataclasses.replace(sched.phases[1], duration=4)
+    assert not sched.finished and sched.current.name == "train"
 
 
 def test_loop_runs_phases_and_writes_outputs(tmp_path):

@@ -81,8 +81,8 @@ def test_invalid_reset_transitions_do_not_count():
     changed = batch_for(np.log([0.5, 0.1]), [1.0, -50.0], [1.0, 99.0], [0.0, 3.0], valid)
     for norm_adv in (False, True):
         h = hyper(norm_adv=norm_adv, ent_coef=0.01)
-        g1 = jax.grad(lambda p: ppo.loss_fn(p, StubNetwork, h, base)[0])(params)
-        g2 = jax.grad(lambda p: ppo.loss_fn(p, StubNetwork, h, changed)[0])(params)
+        g1 = jax.grad(lambda p, h=h: ppo.loss_fn(p, StubNetwork, h, base)[0])(params)
+        g2 = jax.grad(lambda p, h=h: ppo.loss_fn(p, StubNetwork, h, changed)[0])(params)
         jax.tree.map(np.testing.assert_allclose, g1, g2)
         assert float(jnp.abs(g1["logits"][1]).sum()) == 0.0
 

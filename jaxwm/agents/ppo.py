@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from jaxwm.config import ConfigError
 from jaxwm.ops.normalize import RunningMeanStd
 from jaxwm.ops.returns import gae
 
@@ -183,7 +184,10 @@ def collect(
     rollout = Rollout(**steps, next_value=next_value, initial_carry=initial_carry)
 
     n_done = jnp.sum(completed["mask"])
-    mean_of = lambda x: jnp.where(n_done > 0, jnp.sum(x * completed["mask"]) / jnp.maximum(n_done, 1), jnp.nan)
+
+    def mean_of(x):
+        return jnp.where(n_done > 0, jnp.sum(x * completed["mask"]) / jnp.maximum(n_done, 1), jnp.nan)
+
     metrics = {
         "charts/episodic_return": mean_of(completed["return"]),
         "charts/episodic_length": mean_of(completed["length"]),
@@ -317,7 +321,7 @@ def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, data_shardi
 def resolve_loop_form(loop_form: str, encoder: str, backend: str) -> str:
     """``auto`` -> ``unroll`` for CNNs on CPU (see module docstring), else ``scan``."""
     if loop_form not in LOOP_FORMS:
-        raise ValueError(f"loop_form must be one of {LOOP_FORMS}, got {loop_form!r}.")
+        raise ConfigError(f"ppo.loop_form must be one of {LOOP_FORMS}, got {loop_form!r}.")
     if loop_form != "auto":
         return loop_form
     return "unroll" if (backend == "cpu" and encoder.endswith("cnn")) else "scan"

@@ -1,0 +1,19 @@
+"""Environments: envpool batches with a host (numpy) and an XLA (jit/scan) path.
+
+See ``factory`` for the step semantics, ``families`` for observation layouts per family and
+``stats`` for how episode returns and lengths are counted.
+"""
+
+from jaxwm.envs.factory import EnvPoolEnv, make_env
+from jaxwm.envs.families import UnknownEnvError
+from jaxwm.envs.stats import EpisodeStats
+from jaxwm.envs.types import EnvSpec, StepResult
+
+__all__ = [
+    "EnvPoolEnv",
+    "EnvSpec",
+    "EpisodeStats",
+    "StepResult",
+    "UnknownEnvError",
+    "make_env",
+]

@@ -13,6 +13,7 @@ import os
 import jax
 import numpy as np
 
+from jaxwm.config import ConfigError
 from jaxwm.envs import EpisodeStats, make_env
 
 
@@ -22,6 +23,10 @@ class Evaluator:
         self.policy = policy
         self.env = make_env(config.env, num_envs=config.eval.num_envs,
                             seed=config.seed + seed_offset)
+        if self.config.video and not self.env.can_render:
+            self.env.close()
+            raise ConfigError(f"eval.video is not available for {config.env.id}: envpool cannot "
+                              "render MuJoCo/DMC envs here. Set --config.eval.video=False.")
 
     def run(self, state, key, video_path: str | None = None) -> dict[str, float]:
         env, cfg = self.env, self.config
@@ -48,7 +53,7 @@ class Evaluator:
                 self._write_video(frames, video_path)
             returns.extend(np.asarray(completed["return"])[mask].tolist())
             lengths.extend(np.asarray(completed["length"])[mask].tolist())
-            if len(returns) >= cfg.num_episodes:
+            if len(returns) >= cfg.num_episodes and not recording:  # the video needs its episode
                 break
         returns = returns[: cfg.num_episodes]
         if not returns:

@@ -10,7 +10,7 @@ Metrics stay on the device until a log step, so hooks are dispatched asynchronou
 host only waits once per ``log.every_env_steps``. Non-finite losses stop the run at that log
 step with the last good checkpoint untouched.
 
-What is checkpointed: ``{"algo": state, "loop": {"key", scheduler counters}}``. After a
+What is checkpointed: ``{"algo": state, "loop": {"key", scheduler progress}}``. After a
 restore the algorithm's ``on_restore`` re-attaches its envs (their episodes restart; envpool
 cannot save its C++ state), and the run continues from the same step with the same
 parameters, optimiser state, RNG key and counters.
@@ -23,9 +23,9 @@ import signal
 import time
 
 import jax
-import numpy as np
 from tqdm import tqdm
 
+from jaxwm.config import ConfigError
 from jaxwm.loop.algorithm import Algorithm
 from jaxwm.loop.checkpoint import Checkpointer
 from jaxwm.loop.metrics import MetricWindow, MetricWriter, plot_learning_curve
@@ -73,10 +73,10 @@ class Trainer:
             for name, _ in phase.hooks:
                 if name == "evaluate":
                     if self.evaluator is None and self.algorithm.policy is None:
-                        raise ValueError(f"Phase {phase.name!r} asks for 'evaluate' but "
+                        raise ConfigError(f"Phase {phase.name!r} asks for 'evaluate' but "
                                          f"{self.algorithm.name} has no policy to evaluate.")
                 elif name not in self.algorithm.hooks:
-                    raise ValueError(
+                    raise ConfigError(
                         f"Phase {phase.name!r} uses hook {name!r}, which {self.algorithm.name} "
                         f"does not provide (it has: {sorted(self.algorithm.hooks)}).")
             per_cycle = {
@@ -86,7 +86,7 @@ class Trainer:
                                for n, r in phase.hooks if n != "evaluate"),
             }
             if phase.unit in per_cycle and per_cycle[phase.unit] == 0:
-                raise ValueError(f"Phase {phase.name!r} lasts {phase.duration} {phase.unit} but "
+                raise ConfigError(f"Phase {phase.name!r} lasts {phase.duration} {phase.unit} but "
                                  f"none of its hooks {phase.hooks} advance {phase.unit}.")
 
     # ------------------------------------------------------------------ state
@@ -104,18 +104,19 @@ class Trainer:
             restored = self.checkpointer.restore(template)
             state = self.algorithm.on_restore(restored["algo"])
             key = restored["loop"]["key"]
-            self.scheduler.state = {k: int(v) for k, v in restored["loop"]["counters"].items()}
+            self.scheduler.load_state_dict(restored["loop"]["scheduler"])
             tqdm.write(f"Resumed from {self.checkpointer.directory} at env step "
-                       f"{self.scheduler.state['env_steps']}.")
+                       f"{self.scheduler.env_steps}.")
         return state, key
 
     def _loop_tree(self, key):
-        return {"key": key,
-                "counters": {k: np.asarray(v, np.int64) for k, v in self.scheduler.state.items()}}
+        return {"key": key, "scheduler": self.scheduler.state_dict()}
 
     def _save(self, state, key, force=False):
+        if self.checkpointer.latest_step() == self.scheduler.env_steps:
+            return  # already saved at this step (periodic save coincided with the final one)
         tree = {"algo": state, "loop": self._loop_tree(key)}
-        self.checkpointer.save(self.scheduler.state["env_steps"], tree, force=force)
+        self.checkpointer.save(self.scheduler.env_steps, tree, force=force)
 
     # ------------------------------------------------------------------ run
 
@@ -126,33 +127,34 @@ class Trainer:
         writer = MetricWriter(self.workdir)
         window = MetricWindow()
         log_cfg, ckpt_cfg, eval_cfg = self.config.log, self.config.checkpoint, self.config.eval
-        counters = self.scheduler.state
-        next_log = counters["env_steps"] + log_cfg.every_env_steps
-        next_ckpt = counters["env_steps"] + ckpt_cfg.every_env_steps
+        sched = self.scheduler
+        next_log = sched.env_steps + log_cfg.every_env_steps
+        next_ckpt = sched.env_steps + ckpt_cfg.every_env_steps
         next_eval = None
         if eval_cfg.every_env_steps:
-            next_eval = counters["env_steps"] + eval_cfg.every_env_steps
+            next_eval = sched.env_steps + eval_cfg.every_env_steps
         last = {}
-        bar = tqdm(total=self.scheduler.total_env_steps_planned(), initial=counters["env_steps"],
+        bar = tqdm(total=self.scheduler.total_env_steps_planned(), initial=sched.env_steps,
                    unit="step", dynamic_ncols=True, mininterval=2.0, disable=not log_cfg.progress)
-        window_start = (time.perf_counter(), counters["env_steps"])
+        window_start = (time.perf_counter(), sched.env_steps)
+        eval_seconds = 0.0  # excluded from SPS
 
         def check_finite():
             bad = window.nonfinite("losses/")
             if bad:
                 raise FloatingPointError(
-                    f"Non-finite losses {bad} before env step {counters['env_steps']}. The last "
+                    f"Non-finite losses {bad} before env step {sched.env_steps}. The last "
                     f"good checkpoint in {self.checkpointer.directory} was kept (this state was "
                     "not saved); lower the learning rate or enable normalisation, then resume.")
 
-        def log(metrics):
-            nonlocal window_start, last
-            now, steps = time.perf_counter(), counters["env_steps"]
-            sps = (steps - window_start[1]) / max(now - window_start[0], 1e-9)
-            window_start = (now, steps)
+        def log():
+            nonlocal window_start, last, eval_seconds
+            now, steps = time.perf_counter(), sched.env_steps
+            sps = (steps - window_start[1]) / max(now - window_start[0] - eval_seconds, 1e-9)
+            window_start, eval_seconds = (now, steps), 0.0
             check_finite()
-            metrics = {**window.flush(), **metrics, "charts/SPS": sps}
-            metrics["charts/phase"] = float(counters["phase"])
+            metrics = {**window.flush(), "charts/SPS": sps}
+            metrics["charts/phase"] = float(sched.phase_index)
             writer.write(steps, metrics)
             last = {**last, **metrics}
             postfix = {"SPS": f"{sps:,.0f}", "phase": self.scheduler.current.name
@@ -164,48 +166,53 @@ class Trainer:
             bar.set_postfix(postfix, refresh=False)
 
         def evaluate(state, key):
+            nonlocal eval_seconds
+            start = time.perf_counter()
             video = None
             if eval_cfg.video:
-                video = os.path.join(self.workdir, "videos", f"eval_{counters['env_steps']}.gif")
-            return self.evaluator.run(state, key, video)
+                video = os.path.join(self.workdir, "videos", f"eval_{sched.env_steps}.gif")
+            window.add(self.evaluator.run(state, key, video))
+            eval_seconds += time.perf_counter() - start
 
         try:
             with _StopRequested() as stop:
                 while not self.scheduler.finished and stop.signal is None:
-                    phase = self.scheduler.current
-                    steps_before = counters["env_steps"]
+                    phase = self.scheduler.begin_cycle()
+                    steps_before = sched.env_steps
                     for name, repeats in phase.hooks:
                         for _ in range(repeats):
                             key, hook_key = jax.random.split(key)
                             if name == "evaluate":
-                                log(evaluate(state, hook_key))
+                                evaluate(state, hook_key)
                                 continue
                             hook = self.algorithm.hooks[name]
                             state, metrics = hook.fn(state, hook_key)
                             window.add(metrics)
                             self.scheduler.record(hook.env_steps, hook.updates)
                     self.scheduler.end_cycle()
-                    bar.update(counters["env_steps"] - steps_before)
-                    steps = counters["env_steps"]
-                    if next_eval is not None and steps >= next_eval and self.evaluator is not None:
+                    bar.update(sched.env_steps - steps_before)
+                    steps = sched.env_steps
+                    finished = self.scheduler.finished
+                    scheduled = next_eval is not None and steps >= next_eval
+                    if self.evaluator is not None and (scheduled or (finished and eval_cfg.at_end)):
                         key, eval_key = jax.random.split(key)
-                        log(evaluate(state, eval_key))
-                        next_eval += eval_cfg.every_env_steps
-                    if steps >= next_log or self.scheduler.finished:
-                        log({})
-                        next_log += log_cfg.every_env_steps
+                        evaluate(state, eval_key)
+                        while next_eval is not None and next_eval <= steps:
+                            next_eval += eval_cfg.every_env_steps
+                    if steps >= next_log or finished:
+                        log()
+                        while next_log <= steps:
+                            next_log += log_cfg.every_env_steps
                     if steps >= next_ckpt:
                         check_finite()
                         self._save(state, key)
-                        next_ckpt += ckpt_cfg.every_env_steps
+                        while next_ckpt <= steps:
+                            next_ckpt += ckpt_cfg.every_env_steps
 
                 if stop.signal is not None:
                     tqdm.write(f"{stop.signal} received: saving a checkpoint at env step "
-                               f"{counters['env_steps']} and exiting; resume with "
+                               f"{sched.env_steps} and exiting; resume with "
                                "--config.resume=True.")
-                elif self.evaluator is not None and eval_cfg.at_end:
-                    key, eval_key = jax.random.split(key)
-                    log(evaluate(state, eval_key))
                 check_finite()
                 self._save(state, key, force=True)
         finally:
@@ -217,4 +224,4 @@ class Trainer:
         png = os.path.join(self.workdir, "learning_curve.png")
         plot_learning_curve(writer.path, png, f"{self.algorithm.name} on {self.config.env.id}")
         self.state = state
-        return {**last, "interrupted": stop.signal is not None, "env_steps": counters["env_steps"]}
+        return {**last, "interrupted": stop.signal is not None, "env_steps": sched.env_steps}

@@ -1,0 +1,200 @@
+"""``make_env``: one envpool batch with a host path (numpy) and an XLA path (jit/scan).
+
+Both paths run the same post-processing (``families.transform_obs`` and ``_to_result``), so a
+rollout through ``xla_step`` inside ``lax.scan`` returns exactly what ``step`` returns on the
+host for the same seed and actions. The pool is synchronous (``batch_size == num_envs``) and
+uses envpool's Gymnasium API, whose ``terminated``/``truncated`` are passed through unchanged
+(envpool sets ``truncated`` when ``max_episode_steps`` is reached, ``terminated`` otherwise).
+Auto-reset is envpool's; see ``jaxwm.envs.types``.
+
+Actions: discrete actions are cast to int32. Continuous actions are cast to float32 and
+**clipped to the action space's [low, high]** before they are sent, on both paths, so a
+Gaussian policy may emit unbounded samples (the learner keeps the unclipped sample for its
+log-probability).
+
+Float64 envs (MuJoCo and DMC): envpool 1.2.5 computes these in float64 and its XLA custom call
+expects float64 actions and writes float64 observations. With JAX's default 32-bit mode the
+call would be built with float32 buffers and crash the process, so ``xla_step`` builds and
+traces only the envpool call inside ``jax.enable_x64(True)`` and casts back to float32 at the
+boundary; the rest of the program stays 32-bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+import envpool
+import gymnasium
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxwm.envs.families import dummy_obs, envpool_kwargs, infer_family, transform_obs
+from jaxwm.envs.types import EnvSpec, StepResult
+
+# MuJoCo rendering in envpool needs an OpenGL context that it does not create on Linux; calling
+# it without one aborts the process, so these families refuse to render instead.
+_NO_RENDER_FAMILIES = ("mujoco", "dmc")
+
+
+def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int) -> EnvPoolEnv:
+    """Build a synchronous envpool batch of ``num_envs`` copies of ``env_config.id``.
+
+    ``env_config`` (an ``ml_collections.ConfigDict`` or any mapping) is read with ``.get`` and
+    defaults, so partially filled configs work; fields are documented in
+    ``jaxwm.envs.families.envpool_kwargs``. Raises ``UnknownEnvError`` for an id envpool does
+    not register, before anything is built.
+    """
+    env_id = env_config.get("id", None)
+    if not env_id:
+        raise ValueError("env_config.id is required, e.g. 'CartPole-v1' or 'Breakout-v5'.")
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}.")
+    family = infer_family(str(env_id))
+    return EnvPoolEnv(str(env_id), family, num_envs, seed, envpool_kwargs(family, env_config))
+
+
+def _is_float64(space: Any) -> bool:
+    if hasattr(space, "spaces") and isinstance(space.spaces, Mapping):
+        return any(_is_float64(s) for s in space.spaces.values())
+    return np.dtype(space.dtype) == np.float64
+
+
+class EnvPoolEnv:
+    """A vectorised envpool env with numpy (host) and jittable (XLA) step functions."""
+
+    def __init__(self, env_id: str, family: str, num_envs: int, seed: int, kwargs: dict[str, Any]) -> None:
+        self._family = family
+        render_mode = None if family in _NO_RENDER_FAMILIES else "rgb_array"
+        self._env = envpool.make(
+            env_id,
+            env_type="gymnasium",
+            num_envs=num_envs,
+            batch_size=num_envs,
+            seed=seed,
+            render_mode=render_mode,
+            **kwargs,
+        )
+        obs_space, act_space = self._env.observation_space, self._env.action_space
+        # What the C++ side reads (int32 for Discrete, whose gymnasium dtype says int64).
+        self._action_dtype = np.dtype(self._env.spec.action_array_spec["action"].dtype)
+        self._x64 = _is_float64(obs_space) or self._action_dtype == np.float64
+        discrete = isinstance(act_space, gymnasium.spaces.Discrete)
+        example = transform_obs(family, dummy_obs(obs_space), np)
+        self.spec = EnvSpec(
+            env_id=env_id,
+            family=family,
+            num_envs=num_envs,
+            obs_shape=tuple(example.shape[1:]),
+            obs_dtype=np.dtype(example.dtype),
+            discrete=discrete,
+            num_actions=int(act_space.n) if discrete else None,
+            action_shape=() if discrete else tuple(act_space.shape),
+            action_low=None if discrete else np.asarray(act_space.low, np.float32),
+            action_high=None if discrete else np.asarray(act_space.high, np.float32),
+            max_episode_steps=int(self._env.config["max_episode_steps"]),
+        )
+        self._xla_handle: np.ndarray | None = None
+        self._xla_step_fn: Any = None
+
+    # ---- shared post-processing -------------------------------------------------------------
+
+    def _prepare_action(self, actions: Any, xp: ModuleType) -> Any:
+        if self.spec.discrete:
+            return xp.asarray(actions).astype(xp.int32)
+        return xp.clip(xp.asarray(actions, dtype=xp.float32), self.spec.action_low, self.spec.action_high)
+
+    def _to_result(
+        self, xp: ModuleType, obs: Any, reward: Any, terminated: Any, truncated: Any, info: Any
+    ) -> StepResult:
+        reward = xp.asarray(reward).astype(xp.float32)
+        terminated = xp.asarray(terminated).astype(bool)
+        truncated = xp.asarray(truncated).astype(bool)
+        if self._family == "atari":
+            # With episodic_life a lost life sets `terminated`; envpool's info['terminated'] is
+            # the real game over (it stays 0 on life losses and on truncation).
+            game_over = xp.asarray(info["terminated"]).astype(bool)
+            episode_over = truncated | (terminated & game_over)
+            raw_reward = xp.asarray(info["reward"]).astype(xp.float32)
+        else:
+            episode_over = terminated | truncated
+            raw_reward = reward
+        return StepResult(
+            obs=transform_obs(self._family, obs, xp),
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            episode_over=episode_over,
+            raw_reward=raw_reward,
+        )
+
+    def _x64_scope(self) -> contextlib.AbstractContextManager:
+        return jax.enable_x64(True) if self._x64 else contextlib.nullcontext()
+
+    # ---- host path ----------------------------------------------------------------------------
+
+    def reset(self) -> StepResult:
+        """Reset every env; reward 0 and all flags False."""
+        obs, _ = self._env.reset()
+        zeros = np.zeros(self.spec.num_envs, np.float32)
+        falses = np.zeros(self.spec.num_envs, bool)
+        return StepResult(
+            obs=transform_obs(self._family, obs, np),
+            reward=zeros,
+            terminated=falses,
+            truncated=falses,
+            episode_over=falses,
+            raw_reward=zeros,
+        )
+
+    def step(self, actions: Any) -> StepResult:
+        """Step every env with ``actions`` (shape ``[num_envs, *action_shape]``)."""
+        action = self._prepare_action(actions, np).astype(self._action_dtype)
+        obs, reward, terminated, truncated, info = self._env.step(action)
+        return self._to_result(np, obs, reward, terminated, truncated, info)
+
+    @property
+    def can_render(self) -> bool:
+        return self._family not in _NO_RENDER_FAMILIES
+
+    def render(self) -> np.ndarray:
+        """RGB frame (uint8 ``H x W x 3``) of env 0 from envpool's renderer, for videos."""
+        if self._family in _NO_RENDER_FAMILIES:
+            raise RuntimeError(
+                f"render() is unavailable for {self._family} envs: envpool 1.2.5 needs an OpenGL "
+                "context for MuJoCo rendering that it does not create on Linux."
+            )
+        return np.asarray(self._env.render())[0]
+
+    def close(self) -> None:
+        self._env.close()
+
+    # ---- XLA path -----------------------------------------------------------------------------
+
+    def xla_reset(self) -> tuple[jax.Array, StepResult]:
+        """Host call: reset every env and return the XLA handle and the first ``StepResult``.
+
+        The handle must be threaded through ``xla_step`` (e.g. as part of a scan carry).
+        """
+        if self._xla_step_fn is None:
+            with self._x64_scope():  # the custom call's buffer dtypes are fixed here
+                self._xla_handle, _, _, self._xla_step_fn = self._env.xla()
+        first = self.reset()
+        return jnp.asarray(self._xla_handle), jax.tree.map(jnp.asarray, first)
+
+    def xla_step(self, handle: jax.Array, actions: jax.Array) -> tuple[jax.Array, StepResult]:
+        """Pure, jittable step: same semantics and outputs as ``step``, on jax arrays."""
+        if self._xla_step_fn is None:
+            raise RuntimeError("Call env.xla_reset() before env.xla_step().")
+        action = self._prepare_action(actions, jnp)
+        with self._x64_scope():
+            handle, (obs, reward, terminated, truncated, info) = self._xla_step_fn(
+                handle, action.astype(self._action_dtype)
+            )
+            obs, reward = jax.tree.map(
+                lambda x: x.astype(jnp.float32) if x.dtype == jnp.float64 else x, (obs, reward)
+            )
+        return handle, self._to_result(jnp, obs, reward, terminated, truncated, info)

@@ -1,0 +1,63 @@
+"""Episode return/length bookkeeping in fixed-shape arrays, usable inside jit and scan.
+
+Counting convention (matches envpool's ``info['elapsed_step']`` at the end of an episode):
+
+* An episode's **length** is the number of steps whose action the env executed. The step
+  right after any ``done`` (terminated or truncated) is envpool's reset transition: its action
+  is ignored, its reward is 0 and it returns the next first observation, so it is counted in
+  neither length nor return. This applies after a lost Atari life too: envpool's
+  ``elapsed_step`` does not advance on that transition either.
+* The **return** is the sum of ``raw_reward`` (unclipped) over the same steps.
+* Both accumulate across lost lives and reset only when ``episode_over`` (the real game over
+  or a truncation), which is the step at which the episode is reported.
+
+Feed ``update`` the result of every ``step`` in order, *not* the result of ``reset``: a fresh
+``EpisodeStats`` assumes the next result is the first real step of each env.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxwm.envs.types import StepResult
+
+
+@struct.dataclass
+class EpisodeStats:
+    """Running per-env return and length, shape ``[num_envs]``."""
+
+    running_return: jax.Array  # float32
+    running_length: jax.Array  # int32
+    after_done: jax.Array  # bool: the previous step ended a (life or) episode
+
+    @classmethod
+    def create(cls, num_envs: int) -> EpisodeStats:
+        return cls(
+            running_return=jnp.zeros(num_envs, jnp.float32),
+            running_length=jnp.zeros(num_envs, jnp.int32),
+            after_done=jnp.zeros(num_envs, bool),
+        )
+
+    def update(self, res: StepResult) -> tuple[EpisodeStats, dict[str, jax.Array]]:
+        """Fold in one step; return the new stats and the episodes that ended at this step.
+
+        ``completed`` holds ``return`` and ``length`` (float32, ``[num_envs]``; 0 where the
+        episode did not end) and ``mask`` (bool: the env's real episode ended at this step).
+        """
+        counted = ~self.after_done
+        ret = self.running_return + jnp.where(counted, jnp.asarray(res.raw_reward, jnp.float32), 0.0)
+        length = self.running_length + counted.astype(jnp.int32)
+        over = jnp.asarray(res.episode_over, bool)
+        completed = {
+            "return": jnp.where(over, ret, 0.0),
+            "length": jnp.where(over, length, 0).astype(jnp.float32),
+            "mask": over,
+        }
+        new = EpisodeStats(
+            running_return=jnp.where(over, 0.0, ret),
+            running_length=jnp.where(over, 0, length),
+            after_done=jnp.asarray(res.done, bool),
+        )
+        return new, completed

@@ -1,0 +1,77 @@
+"""Launcher: ``python -m jaxwm.train --config=configs/<algo>.py:<variant> [--config.x=y]``.
+
+Builds the env, the algorithm and the loop from the config, and nothing else. Bad flags and
+invalid configs are reported in one line, before anything compiles or is written.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import flags
+from ml_collections import config_flags
+
+from jaxwm import algos, parallel
+from jaxwm.config import ConfigError, validate_common
+from jaxwm.envs import UnknownEnvError
+from jaxwm.loop.checkpoint import IncompatibleCheckpointError
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/ppo.py:cartpole")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default runs/<algo>_<env>_s<seed>)")
+
+
+def default_workdir(config) -> str:
+    env = str(config.env.id).replace("/", "_")
+    return f"runs/{config.algo}_{env}_s{config.seed}"
+
+
+def validate(config) -> None:
+    validate_common(config)
+    algos.get(config.algo).validate(config)
+
+
+def run(config, workdir: str):
+    """Validates, builds and trains; returns the trainer's final metrics."""
+    from jaxwm.loop.evaluate import Evaluator
+    from jaxwm.loop.trainer import Trainer
+
+    validate(config)
+    module = algos.get(config.algo)
+    algorithm = module.build(config)
+    evaluator = Evaluator(config, algorithm.policy) if algorithm.policy is not None else None
+    try:
+        trainer = Trainer(config, algorithm, workdir, evaluator)
+        return trainer.run()
+    finally:
+        algorithm.close()
+        if evaluator is not None:
+            evaluator.close()
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv if argv is None else argv)
+    try:
+        flags.FLAGS(argv)
+    except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+        print(f"jaxwm.train: bad command line: {e}".replace("\\n", " "), file=sys.stderr)
+        return 2
+    config = _CONFIG.value
+    if config is None:
+        print("jaxwm.train: pass --config=configs/<algo>.py:<variant>", file=sys.stderr)
+        return 2
+    parallel.maybe_initialize_distributed()
+    workdir = _WORKDIR.value or default_workdir(config)
+    try:
+        summary = run(config, workdir)
+    except (ConfigError, UnknownEnvError, IncompatibleCheckpointError, FloatingPointError) as e:
+        print(f"jaxwm.train: {e}", file=sys.stderr)
+        return 1
+    ret = summary.get("eval/episodic_return")
+    print(f"Finished {summary['env_steps']} env steps in {workdir}"
+          + (f"; final eval return {ret:.1f}" if ret is not None else "")
+          + (" (interrupted; resume with --config.resume=True)" if summary["interrupted"] else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""PPO end to end: learning on CartPole, resume, data parallelism, every env family, the CLI."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from jaxwm import train
+from jaxwm.algos import ppo as ppo_algo
+from jaxwm.loop.trainer import Trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def ppo_config(variant="cartpole", **overrides):
+    spec = importlib.util.spec_from_file_location("ppo_cfg", os.path.join(ROOT, "configs/ppo.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(variant)
+    config.log.progress = False
+    for dotted, value in overrides.items():
+        node = config
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return config
+
+
+def cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "jaxwm.train", *args], cwd=ROOT, timeout=timeout,
+                          capture_output=True, text=True)
+
+
+def test_default_cartpole_solves_within_200k_steps(tmp_path):
+    """The README's default job: mean eval return >= 475 (10 episodes) within 200k env steps."""
+    config = ppo_config(total_env_steps=199_680)  # 390 iterations of 8 envs x 64 steps
+    summary = train.run(config, str(tmp_path))
+    assert summary["env_steps"] <= 200_000
+    assert summary["eval/episodic_return"] >= 475, summary
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    for name in ("charts/episodic_return", "charts/episodic_length", "charts/SPS",
+                 "losses/policy_loss", "losses/value_loss", "eval/episodic_return"):
+        assert any(name in r for r in rows), name
+    assert os.path.exists(tmp_path / "learning_curve.png")
+
+
+def test_resume_gives_the_identical_next_update(tmp_path):
+    config = ppo_config(total_env_steps=1024)
+    config.eval.at_end = False
+    first = Trainer(config, ppo_algo.build(config), str(tmp_path))
+    first.run()
+
+    config.resume = True
+    second = Trainer(config, ppo_algo.build(config), str(tmp_path))
+    restored, key = second._restore_or_init()
+    assert second.scheduler.env_steps == 1024
+    jax.tree.map(np.testing.assert_array_equal, restored.learner, first.state.learner)
+    jax.tree.map(np.testing.assert_array_equal, restored.rollout, first.state.rollout)
+
+    update_a = ppo_algo.build(config).hooks["update_agent"].fn
+    update_b = second.algorithm.hooks["update_agent"].fn
+    after_a, _ = update_a(first.state, jax.random.PRNGKey(5))
+    after_b, _ = update_b(restored, jax.random.PRNGKey(5))
+    jax.tree.map(np.testing.assert_array_equal, after_a.learner.params, after_b.learner.params)
+
+
+MULTI_DEVICE_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, {root!r})
+    import importlib.util, jax, numpy as np
+    from jaxwm.algos import ppo as ppo_algo
+    assert jax.device_count() == 4, jax.devices()
+    spec = importlib.util.spec_from_file_location("c", os.path.join({root!r}, "configs/ppo.py"))
+    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+    out = {{}}
+    for n in (1, 4):
+        c = m.get_config("cartpole")
+        c.num_devices = n
+        algo = ppo_algo.build(c)
+        state = algo.init(jax.random.PRNGKey(0))
+        for i in range(2):
+            state, metrics = algo.hooks["collect"].fn(state, jax.random.PRNGKey(10 + i))
+            state, losses = algo.hooks["update_agent"].fn(state, jax.random.PRNGKey(20 + i))
+        leaves = jax.tree.leaves(state.learner.params)
+        out[n] = dict(params=[np.asarray(x).ravel().tolist() for x in leaves],
+                      sharding=str(jax.tree.leaves(state.learner.params)[0].sharding),
+                      episodes=float(metrics["charts/episodes"]))
+        algo.close()
+    print(json.dumps(out))
+""")
+
+
+def test_one_and_four_devices_agree():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", MULTI_DEVICE_SCRIPT.format(root=ROOT)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "4" in out["4"]["sharding"] or "devices=4" in out["4"]["sharding"] or \
+        out["4"]["sharding"] != out["1"]["sharding"]
+    # Same envs stepped once per collect: identical episode counts, near-identical params.
+    assert out["1"]["episodes"] == out["4"]["episodes"]
+    for a, b in zip(out["1"]["params"], out["4"]["params"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant, overrides", [
+    ("atari", {"env.num_envs": 2, "ppo.num_steps": 16, "ppo.num_minibatches": 2,
+               "ppo.update_epochs": 1, "env.max_episode_steps": 200}),
+    ("mujoco", {"env.num_envs": 2, "ppo.num_steps": 32, "ppo.num_minibatches": 2,
+                "ppo.update_epochs": 1, "env.max_episode_steps": 40}),
+    ("minigrid", {"env.num_envs": 2, "ppo.num_steps": 16, "ppo.num_minibatches": 2,
+                  "ppo.update_epochs": 1}),
+])
+def test_every_variant_runs_a_few_iterations(tmp_path, variant, overrides):
+    config = ppo_config(variant, **overrides)
+    per_iteration = config.env.num_envs * config.ppo.num_steps
+    config.total_env_steps = 3 * per_iteration
+    config.log.every_env_steps = per_iteration
+    config.eval.every_env_steps = 0
+    config.eval.num_envs = 1
+    config.eval.num_episodes = 1
+    if variant == "atari":
+        config.eval.at_end = False  # a full Breakout game under a random policy is slow
+    summary = train.run(config, str(tmp_path))
+    assert summary["env_steps"] == 3 * per_iteration
+    assert np.isfinite(summary["losses/policy_loss"]) and np.isfinite(summary["losses/value_loss"])
+    if variant != "atari":
+        assert np.isfinite(summary["eval/episodic_return"])
+
+
+def test_cli_rejects_typos_unknown_envs_and_bad_sizes(tmp_path):
+    workdir = str(tmp_path / "run")
+    typo = cli("--config=configs/ppo.py:cartpole", "--config.ppo.lerning_rate=1e-3",
+               f"--workdir={workdir}")
+    assert typo.returncode == 2 and 'Did you mean "learning_rate"' in typo.stderr
+    unknown = cli("--config=configs/ppo.py:cartpole", "--config.env.id=CartPol-v1",
+                  f"--workdir={workdir}")
+    assert unknown.returncode == 1 and "CartPole-v1" in unknown.stderr
+    sizes = cli("--config=configs/ppo.py:cartpole", "--config.ppo.num_minibatches=7",
+                f"--workdir={workdir}")
+    assert sizes.returncode == 1 and "must divide" in sizes.stderr
+    variant = cli("--config=configs/ppo.py:cartpol", f"--workdir={workdir}")
+    assert variant.returncode == 2 and "cartpole" in variant.stderr
+    assert not os.path.exists(workdir)
+
+
+def test_cli_trains_then_resumes_from_the_saved_step(tmp_path):
+    workdir = str(tmp_path / "run")
+    common = ["--config=configs/ppo.py:cartpole", f"--workdir={workdir}",
+              "--config.log.progress=False", "--config.eval.num_episodes=2",
+              "--config.log.every_env_steps=512"]
+    first = cli(*common, "--config.total_env_steps=1024")
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = cli(*common, "--config.total_env_steps=1024")
+    assert again.returncode == 1 and "resume=True" in again.stderr
+    resumed = cli(*common, "--config.total_env_steps=2048", "--config.resume=True")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Resumed" in resumed.stderr + resumed.stdout
+    steps = [json.loads(line)["step"] for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    assert steps == [512, 1024, 1536, 2048]
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints")))[-1] == "2048"
+
+
+def test_eval_video_is_written_and_refused_where_envpool_cannot_render(tmp_path):
+    config = ppo_config(total_env_steps=512, **{"eval.video": True, "eval.num_episodes": 1})
+    train.run(config, str(tmp_path / "cp"))
+    videos = os.listdir(tmp_path / "cp" / "videos")
+    assert len(videos) == 1 and videos[0].endswith(".gif")
+    assert os.path.getsize(tmp_path / "cp" / "videos" / videos[0]) > 1000
+    config = ppo_config("mujoco", **{"eval.video": True})
+    with pytest.raises(ValueError, match="eval.video"):
+        train.run(config, str(tmp_path / "hc"))
+    assert not os.path.exists(tmp_path / "hc" / "checkpoints")
