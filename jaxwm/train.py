@@ -6,6 +6,7 @@ invalid configs are reported in one line, before anything compiles or is written
 
 from __future__ import annotations
 
+import re
 import sys
 
 from absl import flags
@@ -18,6 +19,20 @@ from jaxwm.loop.checkpoint import IncompatibleCheckpointError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/ppo.py:cartpole")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default runs/<algo>_<env>_s<seed>)")
+
+
+def explain_flag_error(error: Exception) -> str:
+    """One readable line from absl/ml_collections' nested, escaped flag errors."""
+    text = str(error).replace("\\n", "\n").replace("\\'", "'")
+    lines = [line.strip(" '\"") for line in text.splitlines() if line.strip(" '\"")]
+    raised = [line for line in lines if re.match(r"^\w*(Error|Exception): ", line)]
+    if raised:  # a traceback from inside the config file: keep what it raised
+        return raised[-1].split(": ", 1)[1]
+    key = re.search(r"'([^']+)'", text)
+    if isinstance(error, (AttributeError, KeyError)) and key:
+        hint = re.search(r'Did you mean "[^"]+" instead of "[^"]+"\?', text)
+        return f"unknown config key {key.group(1)!r}." + (f" {hint.group(0)}" if hint else "")
+    return " ".join(lines)
 
 
 def default_workdir(config) -> str:
@@ -53,11 +68,17 @@ def main(argv=None) -> int:
     try:
         flags.FLAGS(argv)
     except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
-        print(f"jaxwm.train: bad command line: {e}".replace("\\n", " "), file=sys.stderr)
+        print(f"jaxwm.train: bad command line: {explain_flag_error(e)}", file=sys.stderr)
         return 2
     config = _CONFIG.value
     if config is None:
         print("jaxwm.train: pass --config=configs/<algo>.py:<variant>", file=sys.stderr)
+        return 2
+    try:
+        config.algo  # noqa: B018 -- ml_collections defers a missing file's error to first use
+    except OSError as e:
+        print(f"jaxwm.train: cannot load the config file: {str(e).splitlines()[-1].strip()}",
+              file=sys.stderr)
         return 2
     parallel.maybe_initialize_distributed()
     workdir = _WORKDIR.value or default_workdir(config)

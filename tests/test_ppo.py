@@ -150,6 +150,10 @@ def test_cli_rejects_typos_unknown_envs_and_bad_sizes(tmp_path):
     assert sizes.returncode == 1 and "must divide" in sizes.stderr
     variant = cli("--config=configs/ppo.py:cartpol", f"--workdir={workdir}")
     assert variant.returncode == 2 and "cartpole" in variant.stderr
+    missing = cli("--config=configs/nope.py", f"--workdir={workdir}")
+    assert missing.returncode == 2 and "No such file" in missing.stderr
+    for result in (typo, unknown, sizes, variant, missing):
+        assert "Traceback" not in result.stderr, result.stderr[-2000:]
     assert not os.path.exists(workdir)
 
 
@@ -180,3 +184,15 @@ def test_eval_video_is_written_and_refused_where_envpool_cannot_render(tmp_path)
     with pytest.raises(ValueError, match="eval.video"):
         train.run(config, str(tmp_path / "hc"))
     assert not os.path.exists(tmp_path / "hc" / "checkpoints")
+
+
+@pytest.mark.slow
+def test_mujoco_halfcheetah_passes_1000_within_1m_steps(tmp_path):
+    """CleanRL's MuJoCo settings; mean greedy eval return over 5 episodes > 1000 at 1M steps.
+
+    Takes roughly an hour on 2 CPU cores (run with ``pytest -m slow``).
+    """
+    config = ppo_config("mujoco", **{"eval.every_env_steps": 0})
+    summary = train.run(config, str(tmp_path))
+    assert summary["env_steps"] <= 1_001_472
+    assert summary["eval/episodic_return"] > 1000, summary

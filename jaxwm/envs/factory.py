@@ -22,6 +22,7 @@ boundary; the rest of the program stays 32-bit.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
@@ -34,6 +35,10 @@ import numpy as np
 
 from jaxwm.envs.families import dummy_obs, envpool_kwargs, infer_family, transform_obs
 from jaxwm.envs.types import EnvSpec, StepResult
+
+# envpool builds float64 gymnasium Boxes that gymnasium narrows to float32, warning once per
+# env; the narrowing is what we want (observations are float32), so the warning is noise.
+warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32.*")
 
 # MuJoCo rendering in envpool needs an OpenGL context that it does not create on Linux; calling
 # it without one aborts the process, so these families refuse to render instead.

@@ -123,6 +123,8 @@ class Trainer:
     def run(self) -> dict[str, float]:
         """Trains until every phase is done (or a signal arrives). Returns the last metrics."""
         state, key = self._restore_or_init()
+        tqdm.write(f"{self.algorithm.name} on {self.config.env.id} -> {self.workdir} "
+                   f"(tensorboard --logdir {self.workdir})")
         self.checkpointer.write_config(self.config)
         writer = MetricWriter(self.workdir)
         window = MetricWindow()
