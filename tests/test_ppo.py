@@ -196,3 +196,31 @@ def test_mujoco_halfcheetah_passes_1000_within_1m_steps(tmp_path):
     summary = train.run(config, str(tmp_path))
     assert summary["env_steps"] <= 1_001_472
     assert summary["eval/episodic_return"] > 1000, summary
+
+
+def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
+    import signal
+    import time
+
+    workdir = tmp_path / "run"
+    args = [sys.executable, "-m", "jaxwm.train", "--config=configs/ppo.py:cartpole",
+            f"--workdir={workdir}", "--config.total_env_steps=50000000",
+            "--config.log.every_env_steps=2048", "--config.log.progress=False"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.time() + 120
+    metrics = workdir / "metrics.jsonl"
+    while not (metrics.exists() and metrics.stat().st_size) and time.time() < deadline:
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output[-2000:]
+    assert "SIGTERM received" in output and "interrupted" in output
+    saved = int(sorted(os.listdir(workdir / "checkpoints"), key=int)[-1])
+    assert 2048 <= saved < 50_000_000
+
+    resumed = cli(f"--workdir={workdir}", "--config=configs/ppo.py:cartpole",
+                  f"--config.total_env_steps={saved + 1024}", "--config.resume=True",
+                  "--config.log.progress=False", "--config.eval.num_episodes=1")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"Resumed from {workdir / 'checkpoints'} at env step {saved}" in resumed.stdout
