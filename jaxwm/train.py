@@ -53,10 +53,11 @@ def run(config, workdir: str):
     validate(config)
     module = algos.get(config.algo)
     algorithm = module.build(config)
-    evaluator = Evaluator(config, algorithm.policy) if algorithm.policy is not None else None
+    evaluator = None
     try:
-        trainer = Trainer(config, algorithm, workdir, evaluator)
-        return trainer.run()
+        if algorithm.policy is not None:
+            evaluator = Evaluator(config, algorithm.policy)
+        return Trainer(config, algorithm, workdir, evaluator).run()
     finally:
         algorithm.close()
         if evaluator is not None:
