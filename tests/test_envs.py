@@ -322,7 +322,7 @@ def test_unknown_id_names_close_match():
 
 
 def test_unsupported_family_and_missing_id_are_rejected():
-    with pytest.raises(ValueError, match="does not wrap"):
+    with pytest.raises(UnknownEnvError, match="does not wrap"):
         _make(id="CoinrunEasy-v0")
     with pytest.raises(ValueError, match="env_config.id"):
         _make()

@@ -33,7 +33,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxwm.envs.families import dummy_obs, envpool_kwargs, infer_family, transform_obs
+from jaxwm.envs.families import (
+    UnknownEnvError,
+    dummy_obs,
+    envpool_kwargs,
+    infer_family,
+    transform_obs,
+)
 from jaxwm.envs.types import EnvSpec, StepResult
 
 # envpool builds float64 gymnasium Boxes that gymnasium narrows to float32, warning once per
@@ -55,7 +61,7 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int) -> EnvPool
     """
     env_id = env_config.get("id", None)
     if not env_id:
-        raise ValueError("env_config.id is required, e.g. 'CartPole-v1' or 'Breakout-v5'.")
+        raise UnknownEnvError("env_config.id is required, e.g. 'CartPole-v1' or 'Breakout-v5'.")
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}.")
     family = infer_family(str(env_id))

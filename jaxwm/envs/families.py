@@ -51,14 +51,15 @@ FAMILY_BY_MODULE: dict[str, str] = {
 
 
 class UnknownEnvError(ValueError):
-    """The env id is not registered in envpool (raised before anything is built)."""
+    """The env id is not registered in envpool, or its family is not wrapped here (raised
+    before anything is built)."""
 
 
 def infer_family(env_id: str) -> str:
     """Return the jaxwm family of ``env_id`` from envpool's registry.
 
-    Raises ``UnknownEnvError`` naming close matches for an unregistered id, and ``ValueError``
-    for an id envpool knows but whose family this library does not wrap.
+    Raises ``UnknownEnvError`` naming close matches for an unregistered id, or naming the
+    supported families for an id envpool knows but this library does not wrap.
     """
     all_ids = envpool.list_all_envs()
     if env_id not in all_ids:
@@ -67,7 +68,7 @@ def infer_family(env_id: str) -> str:
         raise UnknownEnvError(f"Unknown env id {env_id!r}.{hint} See envpool.list_all_envs().")
     module = registry.specs[env_id][0]
     if module not in FAMILY_BY_MODULE:
-        raise ValueError(
+        raise UnknownEnvError(
             f"Env id {env_id!r} comes from {module}, which jaxwm.envs does not wrap; "
             f"supported envpool modules: {', '.join(sorted(FAMILY_BY_MODULE))}."
         )
