@@ -63,3 +63,23 @@ def validate_common(c: ml_collections.ConfigDict) -> None:
     _require(c.checkpoint.keep > 0, "checkpoint.keep must be > 0.")
     _require(c.eval.every_env_steps >= 0, "eval.every_env_steps must be >= 0 (0: end only).")
     _require(c.num_devices >= 0, "num_devices must be >= 0 (0: all devices).")
+
+
+def load(spec: str) -> ml_collections.ConfigDict:
+    """``"configs/ppo.py:cartpole"`` -> that file's ``get_config("cartpole")``, unlocked.
+
+    For scripts and tests; the command line goes through ``ml_collections.config_flags``.
+    """
+    import importlib.util
+    import os
+
+    path, _, variant = spec.partition(":")
+    name = "jaxwm_config_" + os.path.splitext(os.path.basename(path))[0]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or not os.path.exists(path):
+        raise ConfigError(f"No config file at {path!r}.")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    config = module.get_config(variant) if variant else module.get_config()
+    config.unlock()
+    return config

@@ -1,6 +1,5 @@
 """PPO end to end: learning on CartPole, resume, data parallelism, every env family, the CLI."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+import jaxwm.config
 from jaxwm import train
 from jaxwm.algos import ppo as ppo_algo
 from jaxwm.loop.trainer import Trainer
@@ -19,10 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def ppo_config(variant="cartpole", **overrides):
-    spec = importlib.util.spec_from_file_location("ppo_cfg", os.path.join(ROOT, "configs/ppo.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config(variant)
+    config = jaxwm.config.load(os.path.join(ROOT, f"configs/ppo.py:{variant}"))
     config.log.progress = False
     for dotted, value in overrides.items():
         node = config
@@ -74,14 +71,13 @@ def test_resume_gives_the_identical_next_update(tmp_path):
 MULTI_DEVICE_SCRIPT = textwrap.dedent("""
     import json, os, sys
     sys.path.insert(0, {root!r})
-    import importlib.util, jax, numpy as np
+    import jax, numpy as np
+    import jaxwm.config
     from jaxwm.algos import ppo as ppo_algo
     assert jax.device_count() == 4, jax.devices()
-    spec = importlib.util.spec_from_file_location("c", os.path.join({root!r}, "configs/ppo.py"))
-    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
     out = {{}}
     for n in (1, 4):
-        c = m.get_config("cartpole")
+        c = jaxwm.config.load(os.path.join({root!r}, "configs/ppo.py:cartpole"))
         c.num_devices = n
         algo = ppo_algo.build(c)
         state = algo.init(jax.random.PRNGKey(0))

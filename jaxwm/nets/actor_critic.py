@@ -25,11 +25,12 @@ from jaxwm.nets.encoders import MLP, GridCNN, NatureCNN, orthogonal
 ENCODERS = ("mlp", "nature_cnn", "grid_cnn")
 
 
-def make_encoder(kind: str, hidden: Sequence[int], activation: str) -> nn.Module:
+def make_encoder(kind: str, hidden: Sequence[int], activation: str,
+                 gemm_weight_grad: bool | None = None) -> nn.Module:
     if kind == "mlp":
         return MLP(tuple(hidden), activation)
     if kind == "nature_cnn":
-        return NatureCNN()
+        return NatureCNN(gemm_weight_grad=gemm_weight_grad)
     if kind == "grid_cnn":
         return GridCNN()
     raise ValueError(f"Unknown encoder {kind!r}; choose one of {ENCODERS}.")
@@ -63,6 +64,7 @@ class ActorCritic(nn.Module):
     activation: str = "tanh"
     backbone: str = "ff"
     separate_critic: bool = True
+    gemm_weight_grad: bool | None = None  # conv weight gradient as a GEMM; None: CPU only
 
     def initialize_carry(self, batch_size: int):
         return BACKBONES[self.backbone].initialize_carry(batch_size)
@@ -71,7 +73,8 @@ class ActorCritic(nn.Module):
     def __call__(self, carry, obs, reset):
         batch, time = obs.shape[:2]
         flat_obs = obs.reshape((batch * time,) + obs.shape[2:])
-        features = make_encoder(self.encoder, self.hidden, self.activation)(flat_obs)
+        features = make_encoder(self.encoder, self.hidden, self.activation,
+                                self.gemm_weight_grad)(flat_obs)
         features = features.reshape((batch, time, -1))
         carry, features = BACKBONES[self.backbone]()(carry, features, reset)
 

@@ -49,12 +49,15 @@ class NatureCNN(nn.Module):
     """Input [..., C, H, W] uint8 (or float in [0, 255]); output [..., 512]."""
 
     dense: int = 512
+    gemm_weight_grad: bool | None = None  # None: on the CPU backend (see nets.conv)
 
     @nn.compact
     def __call__(self, x):
         x, batch_shape = _to_nhwc(x)
         # The 3x3/1 layer keeps the native weight gradient: its GEMM form measured slower.
-        for features, kernel, stride, gemm in ((32, 8, 4, None), (64, 4, 2, None), (64, 3, 1, False)):
+        layers = ((32, 8, 4, self.gemm_weight_grad), (64, 4, 2, self.gemm_weight_grad),
+                  (64, 3, 1, False))
+        for features, kernel, stride, gemm in layers:
             conv = Conv2D(features, kernel, stride, orthogonal(np.sqrt(2)), gemm_weight_grad=gemm)
             x = nn.relu(conv(x))
         x = x.reshape((x.shape[0], -1))
