@@ -65,8 +65,9 @@ def validate_common(c: ml_collections.ConfigDict) -> None:
     _require(c.num_devices >= 0, "num_devices must be >= 0 (0: all devices).")
 
 
-def load(spec: str) -> ml_collections.ConfigDict:
-    """``"configs/ppo.py:cartpole"`` -> that file's ``get_config("cartpole")``, unlocked.
+def load(spec: str, overrides: dict | None = None) -> ml_collections.ConfigDict:
+    """``"configs/ppo.py:cartpole"`` -> that file's ``get_config("cartpole")``, unlocked, with
+    ``overrides`` applied by dotted path (``{"ppo.num_steps": 16}``), like ``--config.*``.
 
     For scripts and tests; the command line goes through ``ml_collections.config_flags``.
     """
@@ -82,4 +83,12 @@ def load(spec: str) -> ml_collections.ConfigDict:
     module_spec.loader.exec_module(module)
     config = module.get_config(variant) if variant else module.get_config()
     config.unlock()
+    for dotted, value in (overrides or {}).items():
+        *parents, leaf = dotted.split(".")
+        node = config
+        for name in parents:
+            node = node[name]
+        if leaf not in node:
+            raise ConfigError(f"Unknown config key {dotted!r}.")
+        node[leaf] = value
     return config

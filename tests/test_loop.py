@@ -13,6 +13,7 @@ import pytest
 from jaxwm.config import base_config
 from jaxwm.loop.algorithm import Algorithm, Hook
 from jaxwm.loop.checkpoint import IncompatibleCheckpointError
+from jaxwm.loop.metrics import read_jsonl
 from jaxwm.loop.phases import Scheduler, phases_from_config
 from jaxwm.loop.trainer import Trainer
 
@@ -89,10 +90,10 @@ def test_loop_runs_phases_and_writes_outputs(tmp_path):
     # warmup: 2 collects (20 env steps); train: 3 x (collect, update, update).
     assert calls == ["collect"] * 2 + ["collect", "update_agent", "update_agent"] * 3
     assert summary["env_steps"] == 50 and not summary["interrupted"]
-    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [10, 20, 30, 40, 50]
     assert all("charts/SPS" in r for r in rows) and "losses/loss" in rows[-1]
-    assert json.load(open(tmp_path / "config.json"))["algo"] == "toy"
+    assert json.loads((tmp_path / "config.json").read_text())["algo"] == "toy"
     assert os.path.exists(tmp_path / "learning_curve.png")
     assert os.listdir(tmp_path / "checkpoints") == ["50"]
 

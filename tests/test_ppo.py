@@ -13,21 +13,15 @@ import pytest
 import jaxwm.config
 from jaxwm import train
 from jaxwm.algos import ppo as ppo_algo
+from jaxwm.loop.metrics import read_jsonl
 from jaxwm.loop.trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def ppo_config(variant="cartpole", **overrides):
-    config = jaxwm.config.load(os.path.join(ROOT, f"configs/ppo.py:{variant}"))
-    config.log.progress = False
-    for dotted, value in overrides.items():
-        node = config
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return config
+    return jaxwm.config.load(os.path.join(ROOT, f"configs/ppo.py:{variant}"),
+                             {"log.progress": False, **overrides})
 
 
 def cli(*args, timeout=300):
@@ -41,7 +35,7 @@ def test_default_cartpole_solves_within_200k_steps(tmp_path):
     summary = train.run(config, str(tmp_path))
     assert summary["env_steps"] <= 200_000
     assert summary["eval/episodic_return"] >= 475, summary
-    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
     for name in ("charts/episodic_return", "charts/episodic_length", "charts/SPS",
                  "losses/policy_loss", "losses/value_loss", "eval/episodic_return"):
         assert any(name in r for r in rows), name
@@ -165,7 +159,7 @@ def test_cli_trains_then_resumes_from_the_saved_step(tmp_path):
     resumed = cli(*common, "--config.total_env_steps=2048", "--config.resume=True")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "Resumed" in resumed.stderr + resumed.stdout
-    steps = [json.loads(line)["step"] for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    steps = [r["step"] for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
     assert steps == [512, 1024, 1536, 2048]
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints")))[-1] == "2048"
 

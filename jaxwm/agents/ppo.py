@@ -12,11 +12,13 @@ Differences from CleanRL, on purpose:
   and of advantage normalisation, instead of being learned from as a real transition.
 
 Loop form. The update runs ``epochs x minibatches`` gradient steps. ``loop_form`` picks how:
-``scan`` (rolled ``lax.scan``, smallest program), ``unroll`` (``lax.scan(unroll=True)``) or
-``host`` (a Python loop of jitted minibatch steps). On CPU a convolution's gradient inside a
-rolled scan ran ~12x slower than under plain jit (XLA:CPU does not pick its fast conv path in
-a while-loop body), so ``auto`` picks ``unroll`` for CNNs on CPU and ``scan`` otherwise;
-``benchmarks/ppo_throughput.py`` measures all three.
+``scan`` (rolled ``lax.scan``, smallest program, one dispatch), ``unroll``
+(``lax.scan(unroll=True)``) or ``host`` (a Python loop of jitted minibatch steps). On XLA:CPU
+a convolution's gradient inside a rolled scan is several times slower than under plain jit.
+Measured on 2 CPU cores, Breakout, 8 envs (benchmarks/results/ppo_throughput_cpu.md): update
+per iteration scan 16.0 s, unroll 5.75 s, host 5.34 s; compile 21 s, 26 s, 9.6 s. So ``auto``
+picks ``host`` for CNNs on CPU (fastest and quickest to compile), ``scan`` otherwise (MLPs, and
+every network on GPU, where one dispatch per update matters more).
 
 Data parallel: the update is jitted with the rollout sharded over the ``data`` mesh axis and
 parameters replicated; each minibatch is constrained to the same sharding, so XLA computes
@@ -319,9 +321,9 @@ def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, data_shardi
 
 
 def resolve_loop_form(loop_form: str, encoder: str, backend: str) -> str:
-    """``auto`` -> ``unroll`` for CNNs on CPU (see module docstring), else ``scan``."""
+    """``auto`` -> ``host`` for CNNs on CPU (see module docstring), else ``scan``."""
     if loop_form not in LOOP_FORMS:
         raise ConfigError(f"ppo.loop_form must be one of {LOOP_FORMS}, got {loop_form!r}.")
     if loop_form != "auto":
         return loop_form
-    return "unroll" if (backend == "cpu" and encoder.endswith("cnn")) else "scan"
+    return "host" if (backend == "cpu" and encoder.endswith("cnn")) else "scan"

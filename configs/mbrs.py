@@ -1,0 +1,54 @@
+"""Model-based random shooting on Pendulum. Launch:
+python -m jaxwm.train --config=configs/mbrs.py:pendulum
+
+Phases: ``warmup`` collects random transitions; ``train`` cycles collect -> update_model ->
+imagine -> update_agent (see jaxwm/algos/mbrs.py). Sizes are chosen for a 2-core CPU.
+"""
+
+import ml_collections
+
+from jaxwm.config import base_config
+
+VARIANTS = ("pendulum",)
+
+
+def get_config(variant: str = "pendulum") -> ml_collections.ConfigDict:
+    if variant not in VARIANTS:
+        raise ValueError(f"Unknown mbrs variant {variant!r}; choose one of {VARIANTS}.")
+    c = base_config()
+    c.algo = "mbrs"
+    c.env.id = "Pendulum-v1"
+    c.env.num_envs = 8
+    c.total_env_steps = 10_000
+
+    m = ml_collections.ConfigDict()
+    m.warmup_steps = 2_000
+    m.steps_per_collect = 25  # per env; x num_envs env steps per collect
+    m.capacity = 100_000
+    m.hidden = (200, 200)
+    m.learning_rate = 1e-3
+    m.batch_size = 256
+    m.model_updates_per_call = 100
+    m.normalizer_samples = 4096
+    m.horizon = 15
+    m.num_candidates = 256
+    m.num_elites = 8
+    m.imagine_batch = 16
+    m.prior_momentum = 0.5
+    m.prior_min_std = 0.1
+    c.mbrs = m
+
+    c.phase_order = ("warmup", "train")
+    # FieldReferences, so --config.total_env_steps / --config.mbrs.warmup_steps reach the phases.
+    c.phases.warmup = dict(unit="env_steps", duration=m.get_ref("warmup_steps"),
+                           hooks=("collect",))
+    c.phases.train = dict(unit="env_steps",
+                          duration=c.get_ref("total_env_steps") - m.get_ref("warmup_steps"),
+                          hooks=("collect", "update_model", "imagine", "update_agent"))
+    c.log.every_env_steps = 1_000
+    c.checkpoint.every_env_steps = 5_000
+    c.eval.every_env_steps = 0
+    c.eval.num_envs = 4
+    c.eval.num_episodes = 4
+    c.lock()
+    return c

@@ -1,0 +1,90 @@
+"""Deterministic MLP dynamics model predicting the state change and the reward.
+
+Nagabandi et al. 2018, "Neural Network Dynamics for Model-Based Deep Reinforcement Learning
+with Model-Free Fine-Tuning", sec. IV-A: the network maps normalised (s, a) to the
+normalised target (s' - s, r); training minimises the mean squared error on normalised
+targets. Normalisation statistics are refit from replay before every round of updates and
+carried in the state, so prediction is a pure function of that state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+
+class DynamicsMLP(nn.Module):
+    out_dim: int
+    hidden: Sequence[int] = (200, 200)
+
+    @nn.compact
+    def __call__(self, x):
+        for width in self.hidden:
+            x = nn.silu(nn.Dense(width)(x))
+        return nn.Dense(self.out_dim)(x)
+
+
+@struct.dataclass
+class Normalizer:
+    mean: jax.Array
+    std: jax.Array
+
+    @classmethod
+    def identity(cls, dim: int) -> Normalizer:
+        return cls(jnp.zeros(dim), jnp.ones(dim))
+
+    @classmethod
+    def fit(cls, x: jax.Array) -> Normalizer:
+        return cls(jnp.mean(x, 0), jnp.std(x, 0) + 1e-6)
+
+
+@struct.dataclass
+class DynamicsState:
+    params: dict
+    opt_state: optax.OptState
+    inputs: Normalizer  # over concat(obs, action)
+    targets: Normalizer  # over concat(obs delta, reward)
+
+
+def _inputs(obs, action):
+    return jnp.concatenate([obs, action], -1)
+
+
+def _targets(batch):
+    return jnp.concatenate([batch["next_obs"] - batch["obs"], batch["reward"][..., None]], -1)
+
+
+def init(model: DynamicsMLP, optimizer, key, obs_dim: int, action_dim: int) -> DynamicsState:
+    params = model.init(key, jnp.zeros((1, obs_dim + action_dim)))
+    return DynamicsState(params, optimizer.init(params), Normalizer.identity(obs_dim + action_dim),
+                         Normalizer.identity(obs_dim + 1))
+
+
+def refit_normalizers(state: DynamicsState, batch) -> DynamicsState:
+    return state.replace(inputs=Normalizer.fit(_inputs(batch["obs"], batch["action"])),
+                         targets=Normalizer.fit(_targets(batch)))
+
+
+def predict(model: DynamicsMLP, state: DynamicsState, obs, action):
+    """(obs [..., D], action [..., A]) -> (next_obs [..., D], reward [...])."""
+    x = (_inputs(obs, action) - state.inputs.mean) / state.inputs.std
+    y = model.apply(state.params, x) * state.targets.std + state.targets.mean
+    return obs + y[..., :-1], y[..., -1]
+
+
+def loss(params, model: DynamicsMLP, state: DynamicsState, batch):
+    x = (_inputs(batch["obs"], batch["action"]) - state.inputs.mean) / state.inputs.std
+    y = (_targets(batch) - state.targets.mean) / state.targets.std
+    return jnp.mean((model.apply(params, x) - y) ** 2)
+
+
+def train_step(model: DynamicsMLP, optimizer, state: DynamicsState, batch):
+    value, grads = jax.value_and_grad(loss)(state.params, model, state, batch)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    return state.replace(params=optax.apply_updates(state.params, updates),
+                         opt_state=opt_state), value

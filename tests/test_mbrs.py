@@ -1,0 +1,120 @@
+"""Model-based random shooting: replay, dynamics, planner, and the loop's model phases."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import jaxwm.config
+from jaxwm import train
+from jaxwm.agents import shooting
+from jaxwm.data import replay
+from jaxwm.loop.metrics import read_jsonl
+from jaxwm.models import dynamics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_replay_add_wraps_skips_masked_rows_and_samples_filled_slots():
+    state = replay.init(4, {"x": jnp.zeros(())})
+    state = replay.add(state, {"x": jnp.array([1.0, 2.0, 3.0])}, jnp.array([True, False, True]))
+    assert int(state.size) == 2 and int(state.insert) == 2
+    np.testing.assert_array_equal(state.data["x"], [1.0, 3.0, 0.0, 0.0])
+    state = replay.add(state, {"x": jnp.array([4.0, 5.0, 6.0])})
+    np.testing.assert_array_equal(state.data["x"], [6.0, 3.0, 4.0, 5.0])
+    assert int(state.size) == 4 and int(state.insert) == 1
+    partial = replay.add(replay.init(8, {"x": jnp.zeros(())}), {"x": jnp.array([7.0, 9.0])})
+    drawn = replay.sample(partial, jax.random.PRNGKey(0), 256)["x"]
+    assert set(np.asarray(drawn).tolist()) == {7.0, 9.0}
+
+
+def toy_batch(key, n=512):
+    """Linear dynamics s' = s + 0.1 a, reward = -s^2 (first coordinate)."""
+    k1, k2 = jax.random.split(key)
+    obs, action = jax.random.normal(k1, (n, 2)), jax.random.normal(k2, (n, 1))
+    next_obs = obs + 0.1 * action
+    return {"obs": obs, "action": action, "next_obs": next_obs, "reward": -obs[:, 0] ** 2}
+
+
+def test_dynamics_training_lowers_loss_on_a_fixed_batch():
+    model, opt = dynamics.DynamicsMLP(3, (32, 32)), optax.adam(1e-3)
+    batch = toy_batch(jax.random.PRNGKey(0))
+    state = dynamics.refit_normalizers(dynamics.init(model, opt, jax.random.PRNGKey(1), 2, 1), batch)
+    before = dynamics.loss(state.params, model, state, batch)
+    step = jax.jit(lambda s: dynamics.train_step(model, opt, s, batch))
+    for _ in range(50):
+        state, _ = step(state)
+    assert float(dynamics.loss(state.params, model, state, batch)) < 0.5 * float(before)
+
+
+def test_imagine_scan_equals_a_python_loop():
+    step_fn = lambda o, a: (0.9 * o + a, -jnp.sum(o**2))  # noqa: E731
+    obs, actions = jnp.array([1.0, -2.0]), jnp.array([[0.5, 0.0], [0.1, 0.2], [0.0, 1.0]])
+    rewards, final = shooting.imagine(step_fn, obs, actions)
+    o, expected = obs, []
+    for a in actions:
+        o, r = step_fn(o, a)
+        expected.append(r)
+    np.testing.assert_allclose(rewards, expected, rtol=1e-6)
+    np.testing.assert_allclose(final, o, rtol=1e-6)
+
+
+def test_planner_picks_the_best_sequence_and_prior_moves_to_elites():
+    # Reward -|a - 0.3| over a one-step horizon: the best action is near 0.3.
+    step_fn = lambda o, a: (o, -jnp.abs(a[0] - 0.3))  # noqa: E731
+    low, high = jnp.array([-1.0]), jnp.array([1.0])
+    prior = shooting.SequencePrior.create(1, low, high)
+    action, candidates, returns = shooting.plan(step_fn, jnp.zeros(1), jax.random.PRNGKey(0),
+                                                prior, 512, low, high)
+    assert abs(float(action[0]) - 0.3) < 0.05
+    assert float(jnp.max(returns)) == float(returns[jnp.argmax(returns)])
+    elite = shooting.elites(candidates, returns, 16)
+    refit = shooting.refit_prior(prior, elite, momentum=0.0, min_std=0.01)
+    np.testing.assert_allclose(refit.mean, 0.3, atol=0.05)
+    assert float(jnp.max(refit.std)) < 0.1
+
+
+def mbrs_config(**overrides):
+    return jaxwm.config.load(os.path.join(ROOT, "configs/mbrs.py:pendulum"),
+                             {"log.progress": False, **overrides})
+
+
+def test_loop_runs_every_model_phase_and_resumes(tmp_path):
+    small = {"env.num_envs": 4, "env.max_episode_steps": 50, "mbrs.warmup_steps": 400,
+             "mbrs.steps_per_collect": 25,
+             "mbrs.model_updates_per_call": 20, "mbrs.num_candidates": 32, "mbrs.horizon": 5,
+             "mbrs.imagine_batch": 4, "mbrs.num_elites": 4, "log.every_env_steps": 100,
+             "eval.num_envs": 2, "eval.num_episodes": 2, "eval.at_end": False}
+    config = mbrs_config(total_env_steps=600, **small)
+    summary = train.run(config, str(tmp_path))
+    assert summary["env_steps"] == 600
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    keys = set().union(*rows)
+    for name in ("losses/model_loss", "imagine/best_return", "agent/prior_std",
+                 "model/fresh_one_step_mse", "charts/episodic_return"):
+        assert name in keys, name
+    planning = [r["charts/planning"] for r in rows if "charts/planning" in r]
+    assert planning[0] == 0.0 and planning[-1] == 1.0  # random in warmup, planning after
+
+    resumed_config = mbrs_config(total_env_steps=800, resume=True, **small)
+    summary = train.run(resumed_config, str(tmp_path))
+    assert summary["env_steps"] == 800
+    assert read_jsonl(tmp_path / "metrics.jsonl")[-1]["step"] == 800
+
+
+def test_learned_model_and_planner_beat_baselines_on_pendulum(tmp_path):
+    """After 4k env steps (the first 2k random). Measured on 2 CPU cores, seeds 1-3:
+
+    * the model's one-step MSE on fresh transitions was 0.014-0.033% of the zero-delta
+      baseline's; the test asks for < 1%;
+    * planning with it: mean eval return over 4 episodes -231 to -402, against -1394 to
+      -1503 for the uniform random actions of the warmup; the test asks for > -900.
+    """
+    config = mbrs_config(total_env_steps=4_000, **{"eval.at_end": True})
+    summary = train.run(config, str(tmp_path))
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    last = [r for r in rows if "model/fresh_one_step_mse" in r][-1]
+    assert last["model/fresh_one_step_mse"] < 0.01 * last["model/zero_delta_mse"], last
+    assert summary["eval/episodic_return"] > -900, summary
