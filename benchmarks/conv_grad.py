@@ -31,7 +31,7 @@ BATCH, STEPS = 256, 4
 
 def build(gemm: bool):
     """The Nature-CNN actor-critic with the GEMM weight gradient forced on or off."""
-    net = ActorCritic(obs_ndim=3, discrete=True, action_dim=4, encoder="nature_cnn",
+    net = ActorCritic(discrete=True, action_dim=4, encoder="nature_cnn",
                       separate_critic=False, gemm_weight_grad=gemm)
     obs = jnp.asarray(np.random.default_rng(0).integers(0, 255, (STEPS, BATCH, 1, 4, 84, 84)),
                       jnp.uint8)

@@ -41,7 +41,7 @@ def test_conv2d_parameters_are_portable_between_implementations():
     ("mlp", (4,), True), ("mlp", (3,), False), ("nature_cnn", (4, 84, 84), True),
     ("grid_cnn", (3, 7, 7), True)])
 def test_actor_critic_shapes(encoder, obs_shape, discrete):
-    net = ActorCritic(obs_ndim=len(obs_shape), discrete=discrete, action_dim=3, encoder=encoder,
+    net = ActorCritic(discrete=discrete, action_dim=3, encoder=encoder,
                       separate_critic=encoder == "mlp")
     dtype = jnp.float32 if encoder == "mlp" else jnp.uint8
     obs, reset = jnp.zeros((2, 5) + obs_shape, dtype), jnp.zeros((2, 5), bool)

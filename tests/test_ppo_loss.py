@@ -115,7 +115,7 @@ def fake_rollout(key, n=4, t=8, obs_dim=3, discrete=True):
 @pytest.mark.parametrize("loop_form", ["scan", "unroll", "host"])
 @pytest.mark.parametrize("discrete", [True, False])
 def test_update_lowers_loss_and_loop_forms_agree(loop_form, discrete):
-    net = ActorCritic(obs_ndim=1, discrete=discrete, action_dim=2)
+    net = ActorCritic(discrete=discrete, action_dim=2)
     h = hyper(num_minibatches=2, update_epochs=4, norm_adv=True, clip_vloss=True, num_steps=8)
     cfg = dict(learning_rate=1e-2, anneal_lr=False, max_grad_norm=0.5, update_epochs=4,
                num_minibatches=2)

@@ -24,9 +24,8 @@ from typing import Any
 
 import jax
 
+# ``evaluate`` is served by the loop's evaluator; the others by the algorithm.
 HOOK_NAMES = ("collect", "update_model", "update_agent", "imagine", "evaluate")
-# ``evaluate`` is served by the loop's evaluator, not by the algorithm.
-ALGORITHM_HOOKS = HOOK_NAMES[:-1]
 
 HookFn = Callable[[Any, jax.Array], tuple[Any, Mapping[str, Any]]]
 

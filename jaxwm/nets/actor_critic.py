@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import flax.linen as nn
 import numpy as np
 
+from jaxwm.config import ConfigError
 from jaxwm.nets.distributions import Categorical, DiagGaussian
 from jaxwm.nets.encoders import MLP, GridCNN, NatureCNN, orthogonal
 
@@ -33,7 +34,7 @@ def make_encoder(kind: str, hidden: Sequence[int], activation: str,
         return NatureCNN(gemm_weight_grad=gemm_weight_grad)
     if kind == "grid_cnn":
         return GridCNN()
-    raise ValueError(f"Unknown encoder {kind!r}; choose one of {ENCODERS}.")
+    raise ConfigError(f"network.encoder={kind!r} is unknown; choose one of {ENCODERS} or 'auto'.")
 
 
 class FeedForward(nn.Module):
@@ -56,7 +57,6 @@ BACKBONES = {"ff": FeedForward}
 class ActorCritic(nn.Module):
     """Policy and value heads over an encoder and a (possibly recurrent) backbone."""
 
-    obs_ndim: int
     discrete: bool
     action_dim: int
     encoder: str = "mlp"
@@ -105,7 +105,6 @@ def make_actor_critic(spec, net_config) -> ActorCritic:
         else:
             encoder = "nature_cnn"
     return ActorCritic(
-        obs_ndim=len(spec.obs_shape),
         discrete=spec.discrete,
         action_dim=spec.num_actions if spec.discrete else int(np.prod(spec.action_shape)),
         encoder=encoder,
@@ -116,9 +115,3 @@ def make_actor_critic(spec, net_config) -> ActorCritic:
     )
 
 
-def as_sequence(obs, reset):
-    """Adds a length-1 time axis: [B, ...] -> [B, 1, ...]."""
-    return obs[:, None], reset[:, None]
-
-
-__all__ = ["ActorCritic", "make_actor_critic", "as_sequence", "ENCODERS", "BACKBONES"]
