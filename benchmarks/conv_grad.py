@@ -3,7 +3,7 @@
 Documents two CPU findings behind ``ppo.loop_form`` and ``nets.conv.Conv2D``:
 * a conv net's gradient inside a rolled ``lax.scan`` is many times slower than under plain jit
   on XLA:CPU, while ``scan(unroll=True)`` and a host loop of jitted steps are not;
-* computing the convolution weight gradient as a patches GEMM beats XLA:CPU's native one.
+* computing the convolution gradients as patch GEMMs (``nets.conv``) beats XLA:CPU's own.
 
 One "step" is the gradient of the actor-critic's PPO-like loss at batch 256 (uint8 4x84x84),
 plus an SGD update so that steps depend on each other; the loop forms run 4 such steps.
@@ -30,9 +30,9 @@ BATCH, STEPS = 256, 4
 
 
 def build(gemm: bool):
-    """The Nature-CNN actor-critic with the GEMM weight gradient forced on or off."""
+    """The Nature-CNN actor-critic with the GEMM backward forced on or off."""
     net = ActorCritic(discrete=True, action_dim=4, encoder="nature_cnn",
-                      separate_critic=False, gemm_weight_grad=gemm)
+                      separate_critic=False, gemm_backward=gemm)
     obs = jnp.asarray(np.random.default_rng(0).integers(0, 255, (STEPS, BATCH, 1, 4, 84, 84)),
                       jnp.uint8)
     reset = jnp.zeros((BATCH, 1), bool)
@@ -88,14 +88,14 @@ def main() -> None:
         params, obs, step = build(gemm)
         for form in forms:
             compile_s, per_step = measure(step, params, obs, form, repeats)
-            rows.append({"weight_grad": "patches GEMM" if gemm else "XLA native",
+            rows.append({"conv_backward": "patches GEMM" if gemm else "XLA native",
                          "loop_form": form, "s_per_grad_step": per_step, "compile_s": compile_s})
-    base = {r["loop_form"]: r["s_per_grad_step"] for r in rows if r["weight_grad"] == "XLA native"}
+    base = {r["loop_form"]: r["s_per_grad_step"] for r in rows if r["conv_backward"] == "XLA native"}
     for r in rows:
         r["speedup_vs_native"] = base[r["loop_form"]] / r["s_per_grad_step"]
     notes = [f"Batch {BATCH}, {STEPS} dependent gradient steps per loop; median of {repeats}; "
              "compile_s is the first call (trace, compile, run)."]
-    write_results("conv_grad", rows, ["weight_grad", "loop_form", "s_per_grad_step", "compile_s",
+    write_results("conv_grad", rows, ["conv_backward", "loop_form", "s_per_grad_step", "compile_s",
                                       "speedup_vs_native"], hardware(), notes,
                   suffix="_quick" if args.quick else "")
 

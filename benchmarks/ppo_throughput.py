@@ -125,10 +125,7 @@ def ppo_end_to_end(variant: str, num_envs: int, loop_form: str, iterations: int,
     memory, memory_kind = peak_memory()
     return {"steps_per_s": median(sps), "compile_s": compile_s, "collect_s": median(collect_s),
             "update_s": median(update_s), "peak_mem_mib": memory, "mem_kind": memory_kind,
-            "resolved_loop_form": resolve_loop_form(loop_form, config.network.encoder
-                                                    if config.network.encoder != "auto" else
-                                                    ("nature_cnn" if variant == "atari" else "mlp"),
-                                                    jax.default_backend())}
+            "resolved_loop_form": resolve_loop_form(loop_form)}
 
 
 def cartpole_solve_wall() -> dict:

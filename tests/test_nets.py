@@ -31,7 +31,7 @@ def test_conv_and_its_gradients_match_lax(size, kernel, stride):
 
 def test_conv2d_parameters_are_portable_between_implementations():
     x = jax.random.normal(jax.random.PRNGKey(0), (1, 16, 16, 4))
-    gemm, native = Conv2D(8, 4, 2, gemm_weight_grad=True), Conv2D(8, 4, 2, gemm_weight_grad=False)
+    gemm, native = Conv2D(8, 4, 2, gemm_backward=True), Conv2D(8, 4, 2, gemm_backward=False)
     params = gemm.init(jax.random.PRNGKey(1), x)
     assert jax.tree.map(jnp.shape, params) == {"params": {"kernel": (4, 4, 4, 8), "bias": (8,)}}
     np.testing.assert_allclose(gemm.apply(params, x), native.apply(params, x), rtol=1e-5, atol=1e-5)

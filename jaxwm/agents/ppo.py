@@ -12,13 +12,14 @@ Differences from CleanRL, on purpose:
   and of advantage normalisation, instead of being learned from as a real transition.
 
 Loop form. The update runs ``epochs x minibatches`` gradient steps. ``loop_form`` picks how:
-``scan`` (rolled ``lax.scan``, smallest program, one dispatch), ``unroll``
-(``lax.scan(unroll=True)``) or ``host`` (a Python loop of jitted minibatch steps). On XLA:CPU
-a convolution's gradient inside a rolled scan is several times slower than under plain jit.
-Measured on 2 CPU cores, Breakout, 8 envs (benchmarks/results/ppo_throughput_cpu.md): update
-per iteration scan 16.0 s, unroll 5.75 s, host 5.34 s; compile 21 s, 26 s, 9.6 s. So ``auto``
-picks ``host`` for CNNs on CPU (fastest and quickest to compile), ``scan`` otherwise (MLPs, and
-every network on GPU, where one dispatch per update matters more).
+``scan`` (rolled ``lax.scan``: one dispatch, smallest program), ``unroll``
+(``lax.scan(unroll=True)``) or ``host`` (a Python loop of jitted minibatch steps). XLA:CPU runs
+a *native* convolution gradient ~9x slower inside a rolled scan than under plain jit, which is
+why CleanRL's scan PPO crawls on CPU; ``nets.conv`` replaces the convolution backward pass by
+GEMMs, after which the rolled scan is the fastest form. Measured on 2 CPU cores, Breakout,
+8 envs (benchmarks/results/ppo_throughput_cpu.md): update per iteration scan 3.79 s, host
+5.07 s, unroll 5.11 s; compile 8.3 s, 9.9 s, 27 s. So ``auto`` is ``scan`` on every backend;
+the other forms stay for measurement.
 
 Data parallel: the update is jitted with the rollout sharded over the ``data`` mesh axis and
 parameters replicated; each minibatch is constrained to the same sharding, so XLA computes
@@ -41,6 +42,7 @@ import optax
 from flax import struct
 
 from jaxwm.config import ConfigError
+from jaxwm.envs.stats import episode_metrics
 from jaxwm.ops.normalize import RunningMeanStd
 from jaxwm.ops.returns import gae
 
@@ -185,18 +187,8 @@ def collect(
     next_value = jnp.concatenate([steps["value"][:, 1:], last_value], axis=1)
     rollout = Rollout(**steps, next_value=next_value, initial_carry=initial_carry)
 
-    n_done = jnp.sum(completed["mask"])
-
-    def mean_of(x):
-        return jnp.where(n_done > 0, jnp.sum(x * completed["mask"]) / jnp.maximum(n_done, 1), jnp.nan)
-
-    metrics = {
-        "charts/episodic_return": mean_of(completed["return"]),
-        "charts/episodic_length": mean_of(completed["length"]),
-        "charts/episodes": n_done,
-    }
     learner = learner.replace(obs_rms=obs_rms, return_rms=return_rms)
-    return learner, actor, env_state, rollout, metrics
+    return learner, actor, env_state, rollout, episode_metrics(completed)
 
 
 # ----------------------------------------------------------------------------- update
@@ -320,10 +312,10 @@ def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, data_shardi
     return update
 
 
-def resolve_loop_form(loop_form: str, encoder: str, backend: str) -> str:
-    """``auto`` -> ``host`` for CNNs on CPU (see module docstring), else ``scan``."""
+def resolve_loop_form(loop_form: str) -> str:
+    """``auto`` -> ``scan`` (see the module docstring for the measurements)."""
     if loop_form not in LOOP_FORMS:
         raise ConfigError(f"ppo.loop_form must be one of {LOOP_FORMS}, got {loop_form!r}.")
     if loop_form != "auto":
         return loop_form
-    return "host" if (backend == "cpu" and encoder.endswith("cnn")) else "scan"
+    return "scan"

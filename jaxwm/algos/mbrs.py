@@ -29,7 +29,7 @@ from flax import struct
 from jaxwm.agents import shooting
 from jaxwm.config import ConfigError
 from jaxwm.data import replay
-from jaxwm.envs import EpisodeStats, make_env
+from jaxwm.envs import EpisodeStats, episode_metrics, make_env
 from jaxwm.loop.algorithm import Algorithm, Hook, Policy
 from jaxwm.models import dynamics
 
@@ -134,14 +134,10 @@ def build(config) -> Algorithm:
         predicted, _ = dynamics.predict(model, state.model, flat["obs"], flat["action"])
         weights = valid / jnp.maximum(jnp.sum(valid), 1)
         sq = lambda x: jnp.sum(x**2, -1)  # noqa: E731
-        n_done = jnp.sum(completed["mask"])
         metrics = {
+            **episode_metrics(completed),
             "model/fresh_one_step_mse": jnp.sum(weights * sq(predicted - flat["next_obs"])),
             "model/zero_delta_mse": jnp.sum(weights * sq(flat["obs"] - flat["next_obs"])),
-            "charts/episodic_return": jnp.where(
-                n_done > 0, jnp.sum(completed["return"] * completed["mask"]) / n_done, jnp.nan),
-            "charts/episodic_length": jnp.where(
-                n_done > 0, jnp.sum(completed["length"] * completed["mask"]) / n_done, jnp.nan),
             "charts/planning": warm.astype(jnp.float32),
         }
         state = state.replace(actor=actor, replay=replay.add(state.replay, flat, valid))

@@ -54,7 +54,7 @@ def validate(config) -> None:
         raise ConfigError(f"A minibatch holds {sequences // p.num_minibatches} sequences, which "
                          f"does not split over {num_devices} devices; change ppo.num_minibatches"
                          " or env.num_envs, or set --config.num_devices.")
-    ppo.resolve_loop_form(p.loop_form, "mlp", "cpu")  # raises on an unknown form
+    ppo.resolve_loop_form(p.loop_form)  # raises on an unknown form
 
 
 def build(config) -> Algorithm:
@@ -63,7 +63,7 @@ def build(config) -> Algorithm:
     network = make_actor_critic(spec, config.network)
     hyper = ppo.PPOHyper.from_config(config.ppo, recurrent=network.backbone != "ff")
     optimizer = ppo.make_optimizer(config.ppo, iterations(config))
-    loop_form = ppo.resolve_loop_form(config.ppo.loop_form, network.encoder, jax.default_backend())
+    loop_form = ppo.resolve_loop_form(config.ppo.loop_form)
 
     mesh = parallel.data_mesh(config.num_devices or None)
     collect_device = jax.sharding.SingleDeviceSharding(mesh.devices.flat[0])

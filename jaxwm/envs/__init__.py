@@ -6,7 +6,7 @@ See ``factory`` for the step semantics, ``families`` for observation layouts per
 
 from jaxwm.envs.factory import EnvPoolEnv, make_env
 from jaxwm.envs.families import UnknownEnvError
-from jaxwm.envs.stats import EpisodeStats
+from jaxwm.envs.stats import EpisodeStats, episode_metrics
 from jaxwm.envs.types import EnvSpec, StepResult
 
 __all__ = [
@@ -15,5 +15,6 @@ __all__ = [
     "EpisodeStats",
     "StepResult",
     "UnknownEnvError",
+    "episode_metrics",
     "make_env",
 ]

@@ -61,3 +61,15 @@ class EpisodeStats:
             after_done=jnp.asarray(res.done, bool),
         )
         return new, completed
+
+
+def episode_metrics(completed: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Mean return and length of the episodes ``completed`` reports (any shape, e.g. stacked
+    over a rollout's steps), under the names the loop logs; NaN when none ended."""
+    n = jnp.sum(completed["mask"])
+
+    def mean(x):
+        return jnp.where(n > 0, jnp.sum(x * completed["mask"]) / jnp.maximum(n, 1), jnp.nan)
+
+    return {"charts/episodic_return": mean(completed["return"]),
+            "charts/episodic_length": mean(completed["length"]), "charts/episodes": n}

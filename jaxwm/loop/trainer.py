@@ -123,20 +123,20 @@ class Trainer:
     def run(self) -> dict[str, float]:
         """Trains until every phase is done (or a signal arrives). Returns the last metrics."""
         state, key = self._restore_or_init()
+        sched = self.scheduler
         tqdm.write(f"{self.algorithm.name} on {self.config.env.id} -> {self.workdir} "
                    f"(tensorboard --logdir {self.workdir})")
         self.checkpointer.write_config(self.config)
         writer = MetricWriter(self.workdir)
         window = MetricWindow()
         log_cfg, ckpt_cfg, eval_cfg = self.config.log, self.config.checkpoint, self.config.eval
-        sched = self.scheduler
         next_log = sched.env_steps + log_cfg.every_env_steps
         next_ckpt = sched.env_steps + ckpt_cfg.every_env_steps
         next_eval = None
         if eval_cfg.every_env_steps:
             next_eval = sched.env_steps + eval_cfg.every_env_steps
         last = {}
-        bar = tqdm(total=self.scheduler.total_env_steps_planned(), initial=sched.env_steps,
+        bar = tqdm(total=sched.total_env_steps_planned(), initial=sched.env_steps,
                    unit="step", dynamic_ncols=True, mininterval=2.0, disable=not log_cfg.progress)
         window_start = (time.perf_counter(), sched.env_steps)
         eval_seconds = 0.0  # excluded from SPS
@@ -159,8 +159,8 @@ class Trainer:
             metrics["charts/phase"] = float(sched.phase_index)
             writer.write(steps, metrics)
             last = {**last, **metrics}
-            postfix = {"SPS": f"{sps:,.0f}", "phase": self.scheduler.current.name
-                       if not self.scheduler.finished else "done"}
+            postfix = {"SPS": f"{sps:,.0f}", "phase": sched.current.name
+                       if not sched.finished else "done"}
             if "charts/episodic_return" in last:
                 postfix["return"] = f"{last['charts/episodic_return']:.1f}"
             if "eval/episodic_return" in last:
@@ -178,8 +178,8 @@ class Trainer:
 
         try:
             with _StopRequested() as stop:
-                while not self.scheduler.finished and stop.signal is None:
-                    phase = self.scheduler.begin_cycle()
+                while not sched.finished and stop.signal is None:
+                    phase = sched.begin_cycle()
                     steps_before = sched.env_steps
                     for name, repeats in phase.hooks:
                         for _ in range(repeats):
@@ -190,11 +190,11 @@ class Trainer:
                             hook = self.algorithm.hooks[name]
                             state, metrics = hook.fn(state, hook_key)
                             window.add(metrics)
-                            self.scheduler.record(hook.env_steps, hook.updates)
-                    self.scheduler.end_cycle()
+                            sched.record(hook.env_steps, hook.updates)
+                    sched.end_cycle()
                     bar.update(sched.env_steps - steps_before)
                     steps = sched.env_steps
-                    finished = self.scheduler.finished
+                    finished = sched.finished
                     scheduled = next_eval is not None and steps >= next_eval
                     if self.evaluator is not None and (scheduled or (finished and eval_cfg.at_end)):
                         key, eval_key = jax.random.split(key)
@@ -215,6 +215,8 @@ class Trainer:
                     tqdm.write(f"{stop.signal} received: saving a checkpoint at env step "
                                f"{sched.env_steps} and exiting; resume with "
                                "--config.resume=True.")
+                    if sched.env_steps > window_start[1]:
+                        log()  # what ran since the last log step
                 check_finite()
                 self._save(state, key, force=True)
         finally:

@@ -1,16 +1,19 @@
-"""A VALID-padded 2-D convolution whose weight gradient is a GEMM on CPU.
+"""A VALID-padded 2-D convolution whose backward pass is two GEMMs on CPU.
 
-Why: XLA:CPU runs a convolution's forward pass and input gradient on its fast path, but the
-*weight* gradient (a convolution with swapped dimension numbers) falls off it. On 2 CPU
-cores a Nature-CNN gradient step at batch 256 took 0.466 s natively and 0.307 s with this
-VJP under plain jit, and 4.19 s vs 1.11 s inside a rolled ``lax.scan``
-(``benchmarks/results/conv_grad_cpu.md``); results agree to float precision.
+Why: XLA:CPU runs a convolution's forward pass on its fast path, but the gradient
+convolutions (swapped dimension numbers) fall off it, and inside a rolled ``lax.scan`` they
+fall much further. On 2 CPU cores a Nature-CNN gradient step at batch 256 took 0.477 s
+natively and 0.323 s with this VJP under plain jit, and 4.24 s vs 0.291 s inside a rolled
+``lax.scan`` (``benchmarks/results/conv_grad_cpu.md``); results agree to float precision.
 
-How: the forward pass and the input gradient stay ``lax.conv_general_dilated``; the weight
-gradient is ``patches(x)^T @ dy``, with patches built by space-to-depth and contiguous
-slices when the kernel is a multiple of the stride (8x8/4 and 4x4/2 in the Nature CNN), or by
-strided slices otherwise. Parameters are named and laid out as ``flax.linen.Conv``'s
-(``kernel`` HWIO, ``bias``), so checkpoints move freely between backends.
+How: the forward pass stays ``lax.conv_general_dilated`` (fast on XLA:CPU, and what the
+rollout runs); the backward pass is two GEMMs over the patch matrix, ``dW = patches(x)^T dy``
+and ``dx = col2im(dy W^T)`` (col2im being the VJP of the patch extraction: pads and adds).
+Patches are built by space-to-depth and contiguous slices when the kernel is a multiple of the
+stride (8x8/4 and 4x4/2 in the Nature CNN), or by strided slices otherwise.
+
+Parameters are named and laid out as ``flax.linen.Conv``'s (``kernel`` HWIO, ``bias``), so
+checkpoints move freely between backends.
 """
 
 from __future__ import annotations
@@ -58,28 +61,29 @@ def _fwd(x, w, stride):
 
 def _bwd(stride, residuals, dy):
     x, w = residuals
-    dw = jnp.einsum("bhwk,bhwf->kf", patches(x, w.shape[0], stride), dy).reshape(w.shape)
-    _, input_vjp = jax.vjp(lambda x_: _conv(x_, w, stride), x)
-    return input_vjp(dy)[0], dw
+    cols, cols_vjp = jax.vjp(lambda x_: patches(x_, w.shape[0], stride), x)
+    dw = jnp.einsum("bhwk,bhwf->kf", cols, dy).reshape(w.shape)
+    dcols = jnp.einsum("bhwf,kf->bhwk", dy, w.reshape(-1, w.shape[-1]))
+    return cols_vjp(dcols)[0], dw  # XLA drops the input gradient where nobody uses it
 
 
 conv_gemm_grad.defvjp(_fwd, _bwd)
 
 
 class Conv2D(nn.Module):
-    """VALID conv, square kernel. ``gemm_weight_grad=None`` picks it on the CPU backend only."""
+    """VALID conv, square kernel. ``gemm_backward=None`` uses the GEMM backward on CPU only."""
 
     features: int
     kernel: int
     stride: int
     kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
-    gemm_weight_grad: bool | None = None
+    gemm_backward: bool | None = None
 
     @nn.compact
     def __call__(self, x):
         w = self.param("kernel", self.kernel_init, (self.kernel, self.kernel, x.shape[-1], self.features))
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
-        use_gemm = self.gemm_weight_grad
+        use_gemm = self.gemm_backward
         if use_gemm is None:
             use_gemm = jax.default_backend() == "cpu"
         y = conv_gemm_grad(x, w, self.stride) if use_gemm else _conv(x, w, self.stride)

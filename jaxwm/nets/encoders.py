@@ -2,7 +2,7 @@
 
 Nature CNN: Mnih et al. 2015, "Human-level control through deep RL", Methods (32 8x8/4,
 64 4x4/2, 64 3x3/1, dense 512), with CleanRL's orthogonal initialisation (gain sqrt 2). Its
-convolutions are ``nets.conv.Conv2D`` (a faster weight gradient on CPU; same parameters).
+convolutions are ``nets.conv.Conv2D`` (a faster backward pass on CPU; same parameters).
 Pixel observations arrive channels-first uint8 (the envs layer's convention) and are scaled
 to [0, 1] here, so buffers can stay uint8.
 """
@@ -49,16 +49,14 @@ class NatureCNN(nn.Module):
     """Input [..., C, H, W] uint8 (or float in [0, 255]); output [..., 512]."""
 
     dense: int = 512
-    gemm_weight_grad: bool | None = None  # None: on the CPU backend (see nets.conv)
+    gemm_backward: bool | None = None  # None: on the CPU backend (see nets.conv)
 
     @nn.compact
     def __call__(self, x):
         x, batch_shape = _to_nhwc(x)
-        # The 3x3/1 layer keeps the native weight gradient: its GEMM form measured slower.
-        layers = ((32, 8, 4, self.gemm_weight_grad), (64, 4, 2, self.gemm_weight_grad),
-                  (64, 3, 1, False))
-        for features, kernel, stride, gemm in layers:
-            conv = Conv2D(features, kernel, stride, orthogonal(np.sqrt(2)), gemm_weight_grad=gemm)
+        for features, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+            conv = Conv2D(features, kernel, stride, orthogonal(np.sqrt(2)),
+                          gemm_backward=self.gemm_backward)
             x = nn.relu(conv(x))
         x = x.reshape((x.shape[0], -1))
         x = nn.relu(nn.Dense(self.dense, kernel_init=orthogonal(np.sqrt(2)))(x))
