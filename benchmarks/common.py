@@ -1,42 +1,73 @@
-"""Shared benchmark plumbing: hardware description, timing, memory, JSON + markdown output.
+"""Shared benchmark plumbing: command line, hardware description, timing, memory and output.
 
-Every benchmark reports compile (first call) time apart from steady-state time, takes the
-median of repeated measurements (these machines are noisy), and names the hardware.
+Every benchmark reports compile time (the first call: trace, compile and run) apart from the
+steady state, takes the median of repeated measurements (these machines are noisy), names the
+hardware, and writes ``results/<name>_<backend>.json`` and ``results/<name>_<backend>.md``
+(``_quick`` is appended for ``--quick`` smoke runs, so they never overwrite real results).
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import datetime
 import json
+import math
 import os
 import platform
 import resource
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def parser(doc: str, repeats: int) -> argparse.ArgumentParser:
+    """An argument parser with the options every benchmark shares: ``--quick``, ``--repeats``."""
+    p = argparse.ArgumentParser(description=doc.strip().splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="seconds-long smoke run (tiny sizes, one repeat; results suffixed _quick)")
+    p.add_argument("--repeats", type=int, default=repeats,
+                   help=f"timed repeats; the median is reported (default {repeats})")
+    return p
+
+
+# ----------------------------------------------------------------------------- hardware
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def hardware() -> dict:
+    """What the numbers were measured on: backend, devices, CPU, library versions, date."""
     import envpool
     import jaxlib
 
-    cpu = "unknown"
-    if os.path.exists("/proc/cpuinfo"):
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    device = jax.devices()[0]
+    devices = jax.devices()
     return {
+        "platform": platform.platform(),
         "backend": jax.default_backend(),
-        "device": getattr(device, "device_kind", str(device)),
-        "device_count": jax.device_count(),
-        "cpu": cpu,
-        "cpu_cores": os.cpu_count(),
+        "device_kind": devices[0].device_kind,
+        "device_kinds": sorted({d.device_kind for d in devices}),
+        "device_count": len(devices),
+        "cpu": _cpu_model(),
+        "logical_cores": os.cpu_count(),
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "envpool": envpool.__version__,
@@ -46,54 +77,128 @@ def hardware() -> dict:
 
 
 def hardware_line(hw: dict) -> str:
-    return (f"{hw['device']} x{hw['device_count']} ({hw['backend']}), {hw['cpu']}, "
-            f"{hw['cpu_cores']} logical cores; jax {hw['jax']}, envpool {hw['envpool']}, "
-            f"Python {hw['python']}, {hw['date']}")
+    """One readable line for the markdown output."""
+    return (f"{', '.join(hw['device_kinds'])} x{hw['device_count']} (backend {hw['backend']}); "
+            f"CPU {hw['cpu']}, {hw['logical_cores']} logical cores; jax {hw['jax']} "
+            f"(jaxlib {hw['jaxlib']}), envpool {hw['envpool']}, Python {hw['python']}; "
+            f"{hw['platform']}; {hw['date']}")
+
+
+# ----------------------------------------------------------------------------- timing
 
 
 def block(tree):
+    """Waits for every array in ``tree`` (JAX dispatch is asynchronous)."""
     return jax.block_until_ready(tree)
 
 
-def timed(fn: Callable[[], object]) -> float:
+def median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if len(xs) else math.nan
+
+
+def seconds(fn: Callable[[], object]) -> float:
+    """Wall seconds of one call of ``fn``, its result blocked on."""
     start = time.perf_counter()
     block(fn())
     return time.perf_counter() - start
 
 
-def median(xs):
-    return float(statistics.median(xs))
+@dataclasses.dataclass
+class Timing:
+    """``compile_s``: the first call (trace + compile + first run); ``samples``: the others."""
+
+    compile_s: float
+    samples: list[float]
+
+    @property
+    def median(self) -> float:
+        return median(self.samples)
+
+
+def timed(fn: Callable[[], object], repeats: int) -> Timing:
+    """Times a first call of ``fn`` on its own (compile), then ``repeats`` more calls."""
+    compile_s = seconds(fn)
+    return Timing(compile_s, [seconds(fn) for _ in range(repeats)])
+
+
+def iterations_for(window_s: float, seconds_per_iteration: float, minimum: int = 1) -> int:
+    """How many iterations of the given cost fill a measurement window of ``window_s``."""
+    return max(minimum, math.ceil(window_s / max(seconds_per_iteration, 1e-9)))
+
+
+# ----------------------------------------------------------------------------- memory
 
 
 def peak_memory() -> tuple[float, str]:
-    """Peak device memory in MiB where the backend reports it (GPU), else the process's peak
-    resident set size (CPU; includes everything the process allocated)."""
+    """``(MiB, label)``: the device's peak bytes in use where the backend reports it (GPU), else
+    the process's peak resident set size (CPU; everything the process allocated, host side).
+    Both are peaks since the process started, so later rows include earlier ones."""
     stats = jax.devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
-        return stats["peak_bytes_in_use"] / 2**20, "device peak"
+        return stats["peak_bytes_in_use"] / 2**20, "device peak_bytes_in_use"
+    # ru_maxrss is KiB on Linux.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process peak RSS"
 
 
-def markdown_table(rows: list[dict], columns: list[str]) -> str:
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:,.3g}" if abs(v) < 100 else f"{v:,.0f}"
-        return "" if v is None else str(v)
+# ----------------------------------------------------------------------------- output
 
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:,.3g}" if abs(v) < 100 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def columns_of(rows: list[dict]) -> list[str]:
+    """Every key that holds a value in some row, in order of first appearance."""
+    seen: dict[str, None] = {}
+    for row in rows:
+        for k, v in row.items():
+            if _fmt(v) != "":
+                seen.setdefault(k)
+    return list(seen)
+
+
+def markdown_table(rows: list[dict], columns: Sequence[str] | None = None) -> str:
+    """Rows as a markdown table of ``columns`` (default: all), leaving out empty columns."""
+    filled = columns_of(rows)
+    columns = [c for c in columns if c in filled] if columns else filled
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 
-def write_results(name: str, rows: list[dict], columns: list[str], hw: dict, notes: list[str],
-                  suffix: str = "") -> str:
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write_results(name: str, rows: list[dict], hardware: dict, notes: Sequence[str],
+                  columns: Sequence[str] | None = None, quick: bool = False) -> str:
+    """Writes ``results/<name>_<backend>[_quick].{json,md}``, prints the markdown, returns the
+    path stem. The JSON keeps every key of every row; the markdown shows ``columns``."""
     os.makedirs(RESULTS, exist_ok=True)
-    stem = os.path.join(RESULTS, f"{name}_{hw['backend']}{suffix}")
+    stem = os.path.join(RESULTS, f"{name}_{hardware['backend']}" + ("_quick" if quick else ""))
     with open(stem + ".json", "w") as f:
-        json.dump({"hardware": hw, "rows": rows, "notes": notes}, f, indent=2)
-    text = (f"# {name}\n\nHardware: {hardware_line(hw)}\n\n{markdown_table(rows, columns)}\n\n"
-            + "\n".join(f"- {n}" for n in notes) + "\n")
+        json.dump(_json_safe({"name": name, "quick": quick, "hardware": hardware, "rows": rows,
+                              "notes": list(notes)}), f, indent=2)
+        f.write("\n")
+    text = (f"# {name}{' (quick smoke run)' if quick else ''}\n\n"
+            f"Hardware: {hardware_line(hardware)}\n\n{markdown_table(rows, columns)}\n\n"
+            + "".join(f"- {n}\n" for n in notes))
     with open(stem + ".md", "w") as f:
         f.write(text)
     print(text)
+    print(f"wrote {stem}.json and {stem}.md")
     return stem

@@ -41,7 +41,8 @@ def toy_batch(key, n=512):
 def test_dynamics_training_lowers_loss_on_a_fixed_batch():
     model, opt = dynamics.DynamicsMLP(3, (32, 32)), optax.adam(1e-3)
     batch = toy_batch(jax.random.PRNGKey(0))
-    state = dynamics.refit_normalizers(dynamics.init(model, opt, jax.random.PRNGKey(1), 2, 1), batch)
+    state = dynamics.init(model, opt, jax.random.PRNGKey(1), 2, 1)
+    state = dynamics.refit_normalizers(state, batch)
     before = dynamics.loss(state.params, model, state, batch)
     step = jax.jit(lambda s: dynamics.train_step(model, opt, s, batch))
     for _ in range(50):

@@ -62,6 +62,8 @@ def sample_candidates(key, prior: SequencePrior, num: int, low, high) -> jax.Arr
 
 def plan(step_fn: StepFn, obs, key, prior: SequencePrior, num_candidates: int, low, high):
     """Returns (first action [A], candidates [K, H, A], their imagined returns [K])."""
+    chex.assert_rank(obs, 1)
+    chex.assert_equal_shape([prior.mean[0], low, high])
     candidates = sample_candidates(key, prior, num_candidates, low, high)
     rewards, _ = jax.vmap(lambda seq: imagine(step_fn, obs, seq))(candidates)
     returns = jnp.sum(rewards, axis=-1)
@@ -70,6 +72,7 @@ def plan(step_fn: StepFn, obs, key, prior: SequencePrior, num_candidates: int, l
 
 def elites(candidates: jax.Array, returns: jax.Array, num_elites: int) -> jax.Array:
     """The ``num_elites`` best sequences [E, H, A]."""
+    chex.assert_rank([candidates, returns], [3, 1])
     _, idx = jax.lax.top_k(returns, num_elites)
     return candidates[idx]
 
@@ -77,6 +80,7 @@ def elites(candidates: jax.Array, returns: jax.Array, num_elites: int) -> jax.Ar
 def refit_prior(prior: SequencePrior, elite_seqs: jax.Array, momentum: float,
                 min_std: float) -> SequencePrior:
     """CEM step: move mean/std toward the elites' moments ([N, H, A] pooled over states)."""
+    chex.assert_shape(elite_seqs, (None,) + prior.mean.shape)
     mean = momentum * prior.mean + (1 - momentum) * jnp.mean(elite_seqs, 0)
     std = momentum * prior.std + (1 - momentum) * jnp.std(elite_seqs, 0)
     return SequencePrior(mean, jnp.maximum(std, min_std))
