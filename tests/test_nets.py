@@ -1,40 +1,88 @@
-"""Networks: the GEMM-gradient convolution equals lax's, and the actor-critic's shapes."""
+"""Networks: the canonical-gradient convolution equals lax's, and the actor-critic's shapes."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
 
+from jaxwm import backend
 from jaxwm.nets.actor_critic import ActorCritic
-from jaxwm.nets.conv import Conv2D, conv_gemm_grad, patches
+from jaxwm.nets.conv import (
+    Conv2D,
+    conv,
+    depth_to_kernel,
+    depth_to_space,
+    kernel_to_depth,
+    space_to_depth,
+)
 
 
-@pytest.mark.parametrize("size, kernel, stride", [(20, 8, 4), (12, 4, 2), (9, 3, 1), (11, 3, 2)])
-def test_conv_and_its_gradients_match_lax(size, kernel, stride):
-    kx, kw, kg = jax.random.split(jax.random.PRNGKey(0), 3)
-    x = jax.random.normal(kx, (2, size, size, 3))
+def lax_conv(x, w, stride):
+    return lax.conv_general_dilated(x, w, (stride, stride), "VALID",
+                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+# Nature CNN layers, a kernel that is not a multiple of its stride, rows past the last window,
+# and a non-square input.
+@pytest.mark.parametrize("height, width, kernel, stride", [
+    (20, 20, 8, 4), (12, 12, 4, 2), (9, 9, 3, 1), (11, 11, 3, 2), (10, 13, 3, 2), (14, 13, 5, 3)])
+def test_conv_and_its_gradients_match_lax(height, width, kernel, stride):
+    kx, kw, kg = jax.random.split(jax.random.PRNGKey(kernel * stride), 3)
+    x = jax.random.normal(kx, (2, height, width, 3))
     w = jax.random.normal(kw, (kernel, kernel, 3, 5))
-    ref = lambda x, w: lax.conv_general_dilated(x, w, (stride, stride), "VALID",
-                                                dimension_numbers=("NHWC", "HWIO", "NHWC"))
-    y = ref(x, w)
-    np.testing.assert_allclose(conv_gemm_grad(x, w, stride), y, rtol=1e-5, atol=1e-5)
-    p = patches(x, kernel, stride)
-    np.testing.assert_allclose(p @ w.reshape(-1, 5), y, rtol=1e-4, atol=1e-4)
+    y = lax_conv(x, w, stride)
+    np.testing.assert_allclose(conv(x, w, stride), y, rtol=1e-5, atol=1e-5)
     g = jax.random.normal(kg, y.shape)
-    loss = lambda f: lambda x, w: jnp.sum(f(x, w) * g)
-    dx_ref, dw_ref = jax.grad(loss(ref), argnums=(0, 1))(x, w)
-    dx, dw = jax.grad(loss(lambda x, w: conv_gemm_grad(x, w, stride)), argnums=(0, 1))(x, w)
+    loss = lambda f: lambda x, w: jnp.sum(f(x, w, stride) * g)
+    dx_ref, dw_ref = jax.grad(loss(lax_conv), argnums=(0, 1))(x, w)
+    dx, dw = jax.grad(loss(conv), argnums=(0, 1))(x, w)
     np.testing.assert_allclose(dx, dx_ref, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dw, dw_ref, rtol=1e-4, atol=1e-4)
 
 
+def test_space_to_depth_turns_a_strided_conv_into_a_stride_1_conv():
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 12, 16, 3))
+    w = jax.random.normal(jax.random.PRNGKey(1), (4, 4, 3, 5))
+    np.testing.assert_array_equal(depth_to_space(space_to_depth(x, 2), 2), x)
+    np.testing.assert_array_equal(depth_to_kernel(kernel_to_depth(w, 2), 2), w)
+    assert space_to_depth(x, 2).shape == (2, 6, 8, 12)
+    np.testing.assert_allclose(lax_conv(space_to_depth(x, 2), kernel_to_depth(w, 2), 1),
+                               lax_conv(x, w, 2), rtol=1e-5, atol=1e-5)
+
+
+def test_conv_gradient_in_a_rolled_scan_equals_plain_jit():
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 2, 20, 20, 4))
+    w = jax.random.normal(jax.random.PRNGKey(1), (8, 8, 4, 6))
+    grad = jax.grad(lambda w, x: jnp.sum(jnp.sin(conv(x, w, 4))))
+    scanned = backend.jit(lambda w, xs: lax.scan(lambda c, x: (c, grad(w, x)), 0, xs)[1])(w, x)
+    for i in range(3):
+        np.testing.assert_allclose(scanned[i], jax.jit(grad)(w, x[i]), rtol=1e-5, atol=1e-5)
+
+
 def test_conv2d_parameters_are_portable_between_implementations():
     x = jax.random.normal(jax.random.PRNGKey(0), (1, 16, 16, 4))
-    gemm, native = Conv2D(8, 4, 2, gemm_backward=True), Conv2D(8, 4, 2, gemm_backward=False)
-    params = gemm.init(jax.random.PRNGKey(1), x)
+    canonical, native = Conv2D(8, 4, 2, canonical_backward=True), Conv2D(8, 4, 2, canonical_backward=False)
+    params = canonical.init(jax.random.PRNGKey(1), x)
     assert jax.tree.map(jnp.shape, params) == {"params": {"kernel": (4, 4, 4, 8), "bias": (8,)}}
-    np.testing.assert_allclose(gemm.apply(params, x), native.apply(params, x), rtol=1e-5, atol=1e-5)
+    flax_conv = nn.Conv(8, (4, 4), strides=2, padding="VALID")
+    shapes = jax.tree.map(jnp.shape, params)
+    assert jax.tree.map(jnp.shape, flax_conv.init(jax.random.PRNGKey(1), x)) == shapes
+    np.testing.assert_allclose(canonical.apply(params, x), native.apply(params, x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(canonical.apply(params, x), flax_conv.apply(params, x), rtol=1e-5, atol=1e-5)
+
+
+def test_backend_jit_keeps_convolutions_out_of_ynnpack_on_cpu():
+    """The CPU option (see jaxwm.backend) must reach the compiler: no YNNPACK convolution."""
+    assert jax.default_backend() == "cpu" and backend.compiler_options() == backend.CPU_OPTIONS
+    x, w = jnp.ones((8, 20, 20, 4)), jnp.ones((8, 8, 4, 32))
+    f = lambda x, w: lax_conv(x, w, 4)
+    if "__ynn_fusion" not in jax.jit(f).lower(x, w).compile().as_text():
+        pytest.skip("this jaxlib does not hand convolutions to YNNPACK: nothing to keep out")
+    compiled = backend.jit(f).lower(x, w).compile().as_text()
+    assert "convolution(" in compiled and "__ynn_fusion" not in compiled
+    np.testing.assert_allclose(backend.jit(f)(x, w), jax.jit(f)(x, w), rtol=1e-6)
 
 
 @pytest.mark.parametrize("encoder, obs_shape, discrete", [

@@ -14,12 +14,11 @@ Differences from CleanRL, on purpose:
 Loop form. The update runs ``epochs x minibatches`` gradient steps. ``loop_form`` picks how:
 ``scan`` (rolled ``lax.scan``: one dispatch, smallest program), ``unroll``
 (``lax.scan(unroll=True)``) or ``host`` (a Python loop of jitted minibatch steps). XLA:CPU runs
-a *native* convolution gradient ~9x slower inside a rolled scan than under plain jit, which is
-why CleanRL's scan PPO crawls on CPU; ``nets.conv`` replaces the convolution backward pass by
-GEMMs, after which the rolled scan is the fastest form. Measured on 2 CPU cores, Breakout,
-8 envs (benchmarks/results/ppo_throughput_cpu.md): update per iteration scan 3.79 s, host
-5.07 s, unroll 5.11 s; compile 8.3 s, 9.9 s, 27 s. So ``auto`` is ``scan`` on every backend;
-the other forms stay for measurement.
+autodiff's convolution gradients ~40x slower inside a rolled scan than under plain jit, which
+is why CleanRL's scan PPO crawls on CPU; ``nets.conv`` writes them as canonical convolutions,
+after which the rolled scan is the fastest form. Measured on 2 CPU cores, Breakout, 8 envs
+(benchmarks/results/ppo_throughput_cpu.md): see the ``update_s`` column per form. So ``auto``
+is ``scan`` on every backend; the other forms stay for measurement.
 
 Data parallel: the update is jitted with the rollout sharded over the ``data`` mesh axis and
 parameters replicated; each minibatch is constrained to the same sharding, so XLA computes
@@ -41,6 +40,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from jaxwm import backend
 from jaxwm.config import ConfigError
 from jaxwm.envs.stats import episode_metrics
 from jaxwm.ops.normalize import RunningMeanStd
@@ -287,8 +287,8 @@ def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, data_shardi
         return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), mbs)  # [E*M, ...]
 
     if loop_form == "host":
-        prepare = jax.jit(lambda rollout, key: epoch_minibatches(prepare_batch(hyper, rollout), key))
-        step = jax.jit(minibatch_step, donate_argnums=0)
+        prepare = backend.jit(lambda rollout, key: epoch_minibatches(prepare_batch(hyper, rollout), key))
+        step = backend.jit(minibatch_step, donate_argnums=0)
 
         def update(learner, rollout, key):
             mbs = prepare(rollout, key)
@@ -303,7 +303,7 @@ def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, data_shardi
 
     unroll = True if loop_form == "unroll" else 1
 
-    @jax.jit
+    @backend.jit
     def update(learner, rollout, key):
         mbs = epoch_minibatches(prepare_batch(hyper, rollout), key)
         learner, metrics = jax.lax.scan(minibatch_step, learner, mbs, unroll=unroll)

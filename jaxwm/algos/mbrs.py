@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from jaxwm import backend
 from jaxwm.agents import shooting
 from jaxwm.config import ConfigError
 from jaxwm.data import replay
@@ -107,7 +108,7 @@ def build(config) -> Algorithm:
             actor=fresh_actor(),
         )
 
-    @jax.jit
+    @backend.jit
     def _collect(state: MBRSState, handle, key):
         warm = state.replay.size >= m.warmup_steps
 
@@ -147,7 +148,7 @@ def build(config) -> Algorithm:
         state, env_handle["handle"], metrics = _collect(state, env_handle["handle"], key)
         return state, metrics
 
-    @partial(jax.jit, donate_argnums=0)
+    @partial(backend.jit, donate_argnums=0)
     def update_model(state: MBRSState, key):
         k_fit, k_steps = jax.random.split(key)
         model_state = dynamics.refit_normalizers(
@@ -162,7 +163,7 @@ def build(config) -> Algorithm:
         return state.replace(model=model_state), {"losses/model_loss": jnp.mean(losses),
                                                   "losses/model_loss_last": losses[-1]}
 
-    @jax.jit
+    @backend.jit
     def imagine(state: MBRSState, key):
         k_obs, k_plan = jax.random.split(key)
         starts = replay.sample(state.replay, k_obs, m.imagine_batch)["obs"]
@@ -180,14 +181,14 @@ def build(config) -> Algorithm:
         }
         return state.replace(elites=elite.reshape(state.elites.shape)), metrics
 
-    @jax.jit
+    @backend.jit
     def update_agent(state: MBRSState, key):
         del key
         prior = shooting.refit_prior(state.prior, state.elites, m.prior_momentum, m.prior_min_std)
         return state.replace(prior=prior), {"agent/prior_std": jnp.mean(prior.std),
                                             "agent/prior_mean_abs": jnp.mean(jnp.abs(prior.mean))}
 
-    @partial(jax.jit, static_argnums=5)
+    @partial(backend.jit, static_argnums=5)
     def act(state, carry, obs, is_first, key, greedy):
         del is_first, greedy  # planning is deterministic given the key; no recurrent carry
         return carry, plan_batch(state, jnp.asarray(obs, jnp.float32), key)

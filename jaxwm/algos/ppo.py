@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxwm import parallel
+from jaxwm import backend, parallel
 from jaxwm.agents import ppo
 from jaxwm.config import ConfigError
 from jaxwm.envs import EpisodeStats, make_env
@@ -79,7 +79,7 @@ def build(config) -> Algorithm:
                          carry=network.initialize_carry(n), discounted_return=jnp.zeros(n),
                          stats=EpisodeStats.create(n))
 
-    @jax.jit
+    @backend.jit
     def _collect(state, handle, key):
         learner, actor, handle, rollout, metrics = ppo.collect(
             network, hyper, env.xla_step, state.learner, state.actor, handle, key)
@@ -114,7 +114,7 @@ def build(config) -> Algorithm:
         learner, metrics = update(learner, rollout, key)
         return state.replace(learner=learner), metrics
 
-    @partial(jax.jit, static_argnums=5)
+    @partial(backend.jit, static_argnums=5)
     def act(state, carry, obs, is_first, key, greedy):
         learner = state.learner
         if hyper.normalize_obs:

@@ -27,11 +27,11 @@ ENCODERS = ("mlp", "nature_cnn", "grid_cnn")
 
 
 def make_encoder(kind: str, hidden: Sequence[int], activation: str,
-                 gemm_backward: bool | None = None) -> nn.Module:
+                 canonical_backward: bool | None = None) -> nn.Module:
     if kind == "mlp":
         return MLP(tuple(hidden), activation)
     if kind == "nature_cnn":
-        return NatureCNN(gemm_backward=gemm_backward)
+        return NatureCNN(canonical_backward=canonical_backward)
     if kind == "grid_cnn":
         return GridCNN()
     raise ConfigError(f"network.encoder={kind!r} is unknown; choose one of {ENCODERS} or 'auto'.")
@@ -64,7 +64,7 @@ class ActorCritic(nn.Module):
     activation: str = "tanh"
     backbone: str = "ff"
     separate_critic: bool = True
-    gemm_backward: bool | None = None  # conv gradients as GEMMs; None: on CPU only
+    canonical_backward: bool | None = None  # see nets.conv; None: on CPU only
 
     def initialize_carry(self, batch_size: int):
         return BACKBONES[self.backbone].initialize_carry(batch_size)
@@ -74,7 +74,7 @@ class ActorCritic(nn.Module):
         batch, time = obs.shape[:2]
         flat_obs = obs.reshape((batch * time,) + obs.shape[2:])
         features = make_encoder(self.encoder, self.hidden, self.activation,
-                                self.gemm_backward)(flat_obs)
+                                self.canonical_backward)(flat_obs)
         features = features.reshape((batch, time, -1))
         carry, features = BACKBONES[self.backbone]()(carry, features, reset)
 

@@ -1,19 +1,34 @@
-"""A VALID-padded 2-D convolution whose backward pass is two GEMMs on CPU.
+"""A VALID-padded 2-D convolution whose gradients stay on XLA:CPU's fast convolution path.
 
-Why: XLA:CPU runs a convolution's forward pass on its fast path, but the gradient
-convolutions (swapped dimension numbers) fall off it, and inside a rolled ``lax.scan`` they
-fall much further. On 2 CPU cores a Nature-CNN gradient step at batch 256 took 0.477 s
-natively and 0.323 s with this VJP under plain jit, and 4.24 s vs 0.291 s inside a rolled
-``lax.scan`` (``benchmarks/results/conv_grad_cpu.md``); results agree to float precision.
+Why: XLA:CPU runs a convolution fast (Eigen's spatial convolution) only in the canonical form
+``NHWC x HWIO -> NHWC`` without dilations. Autodiff's gradient convolutions are not in that
+form: the weight gradient contracts over the batch with a stride-dilated kernel, and the input
+gradient convolves a stride-dilated output gradient (3/4 zeros for stride 2) with a transposed
+kernel. Under plain ``jit`` XLA's layout pass rewrites them into the canonical form, but inside
+a rolled ``lax.scan`` (a while loop) it does not, and they fall back to naive loops: on
+2 CPU cores a Nature-CNN gradient step at batch 256 took ~5 s inside a rolled scan against
+~0.12 s under plain jit. This is what makes CleanRL's scan PPO crawl on CPU (REFERENCE.md:
+~12 steps/s on Breakout).
 
-How: the forward pass stays ``lax.conv_general_dilated`` (fast on XLA:CPU, and what the
-rollout runs); the backward pass is two GEMMs over the patch matrix, ``dW = patches(x)^T dy``
-and ``dx = col2im(dy W^T)`` (col2im being the VJP of the patch extraction: pads and adds).
-Patches are built by space-to-depth and contiguous slices when the kernel is a multiple of the
-stride (8x8/4 and 4x4/2 in the Nature CNN), or by strided slices otherwise.
+How: ``conv``'s forward pass is ``lax.conv_general_dilated``; its custom VJP computes both
+gradients as dense, stride-1, canonical convolutions, which hold in any loop form:
+
+1. space-to-depth: a stride-s convolution with kernel K (padded with zeros to a multiple of s)
+   equals a stride-1 convolution with kernel K/s over ``s x s`` blocks of the input, folded
+   into channels (``space_to_depth``, ``kernel_to_depth``); this removes the dilations and the
+   wasted multiplications by zero;
+2. weight gradient of a stride-1 convolution: the batch plays the role of input channels,
+   ``dW[C, KH, KW, F] = conv(x[C, H, W, B], dy[OH, OW, B, F])``;
+3. input gradient of a stride-1 convolution: the "full" convolution of ``dy`` with the flipped,
+   transposed kernel, ``dx = conv(pad(dy, K-1), flip(W)[KH, KW, F, C])``.
+
+On 2 CPU cores this made a Nature-CNN gradient step at batch 256 ~92 ms in a rolled scan,
+against ~112 ms for XLA's own rewrite under plain jit (``benchmarks/results/conv_grad_cpu.md``).
+``jaxwm.backend.jit`` adds the other half of the CPU speed: it keeps XLA from handing
+convolutions to YNNPACK, 4-5x slower here.
 
 Parameters are named and laid out as ``flax.linen.Conv``'s (``kernel`` HWIO, ``bias``), so
-checkpoints move freely between backends.
+checkpoints move freely between backends and implementations.
 """
 
 from __future__ import annotations
@@ -28,63 +43,104 @@ from jax import lax
 _DIMS = ("NHWC", "HWIO", "NHWC")
 
 
-def _conv(x, w, stride):
-    return lax.conv_general_dilated(x, w, (stride, stride), "VALID", dimension_numbers=_DIMS)
+def _conv(x, w, stride=1, padding="VALID"):
+    return lax.conv_general_dilated(x, w, (stride, stride), padding, dimension_numbers=_DIMS)
 
 
-def patches(x: jax.Array, kernel: int, stride: int) -> jax.Array:
-    """[B, H, W, C] -> [B, OH, OW, kernel*kernel*C], features ordered (row, col, channel)."""
+def space_to_depth(x: jax.Array, s: int) -> jax.Array:
+    """[B, H, W, C] -> [B, H/s, W/s, s*s*C], each s x s block folded into channels (row, col, c)."""
     b, h, w, c = x.shape
-    oh, ow = (h - kernel) // stride + 1, (w - kernel) // stride + 1
-    if stride > 1 and kernel % stride == 0:
-        k = kernel // stride
-        x = x[:, : (oh - 1) * stride + kernel, : (ow - 1) * stride + kernel]
-        y = x.reshape(b, x.shape[1] // stride, stride, x.shape[2] // stride, stride, c)
-        y = y.transpose(0, 1, 3, 2, 4, 5).reshape(b, y.shape[1], y.shape[3], -1)
-        cols = jnp.stack([y[:, i:i + oh, j:j + ow] for i in range(k) for j in range(k)], 3)
-        cols = cols.reshape(b, oh, ow, k, k, stride, stride, c).transpose(0, 1, 2, 3, 5, 4, 6, 7)
-        return cols.reshape(b, oh, ow, kernel * kernel * c)
-    cols = [lax.slice(x, (0, i, j, 0), (b, i + stride * (oh - 1) + 1, j + stride * (ow - 1) + 1, c),
-                      (1, stride, stride, 1))
-            for i in range(kernel) for j in range(kernel)]
-    return jnp.concatenate(cols, -1)
+    x = x.reshape(b, h // s, s, w // s, s, c).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, h // s, w // s, s * s * c)
+
+
+def depth_to_space(x: jax.Array, s: int) -> jax.Array:
+    """The inverse of ``space_to_depth``."""
+    b, h, w, c = x.shape
+    x = x.reshape(b, h, w, s, s, c // (s * s)).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, h * s, w * s, c // (s * s))
+
+
+def kernel_to_depth(w: jax.Array, s: int) -> jax.Array:
+    """[K, K, C, F] -> [K/s, K/s, s*s*C, F], matching ``space_to_depth``'s channel order."""
+    k, _, c, f = w.shape
+    w = w.reshape(k // s, s, k // s, s, c, f).transpose(0, 2, 1, 3, 4, 5)
+    return w.reshape(k // s, k // s, s * s * c, f)
+
+
+def depth_to_kernel(w: jax.Array, s: int) -> jax.Array:
+    """The inverse of ``kernel_to_depth``."""
+    kk, _, cc, f = w.shape
+    w = w.reshape(kk, kk, s, s, cc // (s * s), f).transpose(0, 2, 1, 3, 4, 5)
+    return w.reshape(kk * s, kk * s, cc // (s * s), f)
+
+
+def _fit(x: jax.Array, height: int, width: int) -> jax.Array:
+    """Crops or zero-pads the bottom/right of [B, H, W, C] to [B, height, width, C]."""
+    x = x[:, :height, :width]
+    return jnp.pad(x, ((0, 0), (0, height - x.shape[1]), (0, width - x.shape[2]), (0, 0)))
+
+
+def _stride1_grads(x, w, dy):
+    """(dx, dW) of a VALID stride-1 convolution, as canonical convolutions; x is exactly the
+    rows and columns the windows read."""
+    k = w.shape[0]
+    x_t = jnp.transpose(x, (3, 1, 2, 0))  # [C, H, W, B]
+    dy_t = jnp.transpose(dy, (1, 2, 0, 3))  # [OH, OW, B, F]
+    dw = jnp.transpose(_conv(x_t, dy_t), (1, 2, 0, 3))
+    w_flipped = jnp.transpose(w[::-1, ::-1], (0, 1, 3, 2))  # [K, K, F, C]
+    dx = _conv(dy, w_flipped, padding=[(k - 1, k - 1), (k - 1, k - 1)])
+    return dx, dw
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2,))
-def conv_gemm_grad(x, w, stride):
+def conv(x: jax.Array, w: jax.Array, stride: int) -> jax.Array:
+    """VALID convolution ``[B, H, W, C] x [K, K, C, F] -> [B, OH, OW, F]``."""
     return _conv(x, w, stride)
 
 
-def _fwd(x, w, stride):
+def _conv_fwd(x, w, stride):
     return _conv(x, w, stride), (x, w)
 
 
-def _bwd(stride, residuals, dy):
+def _conv_bwd(stride, residuals, dy):
     x, w = residuals
-    cols, cols_vjp = jax.vjp(lambda x_: patches(x_, w.shape[0], stride), x)
-    dw = jnp.einsum("bhwk,bhwf->kf", cols, dy).reshape(w.shape)
-    dcols = jnp.einsum("bhwf,kf->bhwk", dy, w.reshape(-1, w.shape[-1]))
-    return cols_vjp(dcols)[0], dw  # XLA drops the input gradient where nobody uses it
+    kernel, height, width = w.shape[0], x.shape[1], x.shape[2]
+    padded = -(-kernel // stride) * stride  # kernel size rounded up to a multiple of the stride
+    out_h, out_w = dy.shape[1:3]
+    # The rows/columns the padded windows read: past the last window nothing gets a gradient;
+    # the kernel's zero padding may read a few zero rows past the input.
+    read_h, read_w = (out_h - 1) * stride + padded, (out_w - 1) * stride + padded
+    w_padded = jnp.pad(w, ((0, padded - kernel), (0, padded - kernel), (0, 0), (0, 0)))
+    dx, dw = _stride1_grads(space_to_depth(_fit(x, read_h, read_w), stride),
+                            kernel_to_depth(w_padded, stride), dy)
+    dx = _fit(depth_to_space(dx, stride), height, width)
+    dw = depth_to_kernel(dw, stride)[:kernel, :kernel]
+    return dx, dw  # XLA drops the input gradient where nobody uses it (the first layer)
 
 
-conv_gemm_grad.defvjp(_fwd, _bwd)
+conv.defvjp(_conv_fwd, _conv_bwd)
 
 
 class Conv2D(nn.Module):
-    """VALID conv, square kernel. ``gemm_backward=None`` uses the GEMM backward on CPU only."""
+    """VALID conv with a square kernel.
+
+    ``canonical_backward=None`` uses ``conv``'s canonical gradients on the CPU backend only;
+    other backends (cuDNN on GPU) handle autodiff's gradient convolutions themselves.
+    """
 
     features: int
     kernel: int
-    stride: int
+    stride: int = 1
     kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
-    gemm_backward: bool | None = None
+    canonical_backward: bool | None = None
 
     @nn.compact
     def __call__(self, x):
         w = self.param("kernel", self.kernel_init, (self.kernel, self.kernel, x.shape[-1], self.features))
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
-        use_gemm = self.gemm_backward
-        if use_gemm is None:
-            use_gemm = jax.default_backend() == "cpu"
-        y = conv_gemm_grad(x, w, self.stride) if use_gemm else _conv(x, w, self.stride)
+        canonical = self.canonical_backward
+        if canonical is None:
+            canonical = jax.default_backend() == "cpu"
+        y = conv(x, w, self.stride) if canonical else _conv(x, w, self.stride)
         return y + bias

@@ -2,7 +2,8 @@
 
 Nature CNN: Mnih et al. 2015, "Human-level control through deep RL", Methods (32 8x8/4,
 64 4x4/2, 64 3x3/1, dense 512), with CleanRL's orthogonal initialisation (gain sqrt 2). Its
-convolutions are ``nets.conv.Conv2D`` (a faster backward pass on CPU; same parameters).
+convolutions are ``nets.conv.Conv2D`` (gradients that stay fast inside a rolled scan on CPU;
+same parameters as ``nn.Conv``).
 Pixel observations arrive channels-first uint8 (the envs layer's convention) and are scaled
 to [0, 1] here, so buffers can stay uint8.
 """
@@ -49,14 +50,14 @@ class NatureCNN(nn.Module):
     """Input [..., C, H, W] uint8 (or float in [0, 255]); output [..., 512]."""
 
     dense: int = 512
-    gemm_backward: bool | None = None  # None: on the CPU backend (see nets.conv)
+    canonical_backward: bool | None = None  # None: on the CPU backend (see nets.conv)
 
     @nn.compact
     def __call__(self, x):
         x, batch_shape = _to_nhwc(x)
         for features, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
             conv = Conv2D(features, kernel, stride, orthogonal(np.sqrt(2)),
-                          gemm_backward=self.gemm_backward)
+                          canonical_backward=self.canonical_backward)
             x = nn.relu(conv(x))
         x = x.reshape((x.shape[0], -1))
         x = nn.relu(nn.Dense(self.dense, kernel_init=orthogonal(np.sqrt(2)))(x))
@@ -76,7 +77,7 @@ class GridCNN(nn.Module):
         x, batch_shape = _to_nhwc(x)
         x = x * 255.0 / 10.0  # MiniGrid cells hold small integer codes, not intensities
         for features in (16, 32, 64):
-            conv = nn.Conv(features, (2, 2), padding="VALID", kernel_init=orthogonal(np.sqrt(2)))
+            conv = Conv2D(features, 2, kernel_init=orthogonal(np.sqrt(2)))
             x = nn.relu(conv(x))
         x = x.reshape((x.shape[0], -1))
         x = nn.relu(nn.Dense(self.dense, kernel_init=orthogonal(np.sqrt(2)))(x))
