@@ -4,10 +4,10 @@ Every top-level ``jax.jit`` in jaxwm goes through ``backend.jit``, so that the o
 apply to jaxwm's programs only (no process-wide ``XLA_FLAGS``) and are chosen in one place.
 
 CPU: recent XLA:CPU hands convolutions to YNNPACK (``xla_cpu_experimental_ynn_fusion_type``
-includes individual convolutions). On the 2-core machines this project targets, YNNPACK ran
-the Nature CNN's convolutions 4-5x slower than XLA's own Eigen convolutions (forward at batch
-256: 111 ms vs 22 ms; gradient step: 380 ms vs 120 ms; ``benchmarks/results/conv_grad_cpu.md``),
-so jaxwm keeps YNNPACK for dots only. A jaxlib that does not know the option (older or newer)
+includes individual convolutions). On the 2-core machines this project targets, a Nature-CNN
+gradient step at batch 256 took 0.385 s with YNNPACK's convolutions and 0.113 s with XLA's own
+(Eigen) convolutions (``benchmarks/results/conv_grad_cpu.md``), so jaxwm keeps YNNPACK for
+dots only (measured no slower than the default on the MLP workloads). A jaxlib that does not know the option (older or newer)
 compiles with its defaults, and ``compiler_options()`` says so once with a warning.
 
 Other backends: no options.
