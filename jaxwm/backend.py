@@ -41,4 +41,7 @@ def jit(fun=None, **kwargs):
     """``jax.jit`` with ``compiler_options()``; usable as ``@jit`` or ``@jit(static_argnums=...)``."""
     if fun is None:
         return functools.partial(jit, **kwargs)
-    return jax.jit(fun, compiler_options=compiler_options(), **kwargs)
+    options = compiler_options()
+    if options:  # only then: an older jax.jit takes no compiler_options at all
+        kwargs["compiler_options"] = options
+    return jax.jit(fun, **kwargs)
