@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import signal
+import time
 
 import jax
 import jax.numpy as jnp
@@ -96,6 +97,44 @@ def test_loop_runs_phases_and_writes_outputs(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["algo"] == "toy"
     assert os.path.exists(tmp_path / "learning_curve.png")
     assert os.listdir(tmp_path / "checkpoints") == ["50"]
+
+
+class StateReadingEvaluator:
+    """Stands in for ``loop.evaluate.Evaluator``: reading the state waits for queued work."""
+
+    def run(self, state, key, video_path=None):
+        return {"eval/episodic_return": float(np.asarray(state["w"])[0, 0])}
+
+
+def test_sps_counts_finished_work_not_dispatched_work(tmp_path):
+    """JAX dispatches asynchronously: a hook returns before its computation ends. SPS must
+    count that work, not leave it to be waited for (and excluded from SPS) in evaluation."""
+    m = jnp.eye(512) * 0.5
+
+    @jax.jit
+    def slow(w):  # ~0.05-0.1 s of matmuls on 2 cores
+        return jax.lax.fori_loop(0, 60, lambda i, x: jnp.tanh(x @ m), w)
+
+    w0 = jnp.ones((512, 512))
+    slow(w0).block_until_ready()
+    start = time.perf_counter()
+    slow(w0).block_until_ready()
+    per_call = time.perf_counter() - start
+
+    def collect(state, key):
+        return {"w": slow(state["w"])}, {}
+
+    algo = Algorithm(name="slow", init=lambda key: {"w": w0},
+                     hooks={"collect": Hook(collect, env_steps=10)})
+    c = toy_config()
+    c.phase_order = ("warmup",)
+    c.phases.warmup = dict(unit="env_steps", duration=60, hooks=("collect",))
+    c.eval.every_env_steps = 10
+    Trainer(c, algo, str(tmp_path), evaluator=StateReadingEvaluator()).run()
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [10, 20, 30, 40, 50, 60]
+    true_sps = 10 / per_call  # one 10-step collect per window
+    assert max(r["charts/SPS"] for r in rows) < 2.5 * true_sps, (rows, true_sps)
 
 
 def test_sigint_saves_and_resume_matches_uninterrupted(tmp_path):

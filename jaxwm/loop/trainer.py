@@ -151,11 +151,14 @@ class Trainer:
 
         def log():
             nonlocal window_start, last, eval_seconds
+            # Reading the metrics waits for the hooks that made them: JAX dispatches
+            # asynchronously, and SPS must count finished work, not queued work.
+            check_finite()
+            metrics = window.flush()
             now, steps = time.perf_counter(), sched.env_steps
             sps = (steps - window_start[1]) / max(now - window_start[0] - eval_seconds, 1e-9)
             window_start, eval_seconds = (now, steps), 0.0
-            check_finite()
-            metrics = {**window.flush(), "charts/SPS": sps}
+            metrics["charts/SPS"] = sps
             metrics["charts/phase"] = float(sched.phase_index)
             writer.write(steps, metrics)
             last = {**last, **metrics}
@@ -169,6 +172,7 @@ class Trainer:
 
         def evaluate(state, key):
             nonlocal eval_seconds
+            jax.block_until_ready(state)  # queued training work is not evaluation time
             start = time.perf_counter()
             video = None
             if eval_cfg.video:
