@@ -7,8 +7,9 @@ CPU: recent XLA:CPU hands convolutions to YNNPACK (``xla_cpu_experimental_ynn_fu
 includes individual convolutions). On the 2-core machines this project targets, a Nature-CNN
 gradient step at batch 256 took 0.385 s with YNNPACK's convolutions and 0.113 s with XLA's own
 (Eigen) convolutions (``benchmarks/results/conv_grad_cpu.md``), so jaxwm keeps YNNPACK for
-dots only (measured no slower than the default on the MLP workloads). A jaxlib that does not know the option (older or newer)
-compiles with its defaults, and ``compiler_options()`` says so once with a warning.
+dots only (measured no slower than the default on the MLP workloads). A jax that does not
+know the option (older or newer) compiles with its defaults, and ``compiler_options()`` says
+so once with a warning.
 
 Other backends: no options.
 """
