@@ -62,17 +62,14 @@ def depth_to_space(x: jax.Array, s: int) -> jax.Array:
 
 
 def kernel_to_depth(w: jax.Array, s: int) -> jax.Array:
-    """[K, K, C, F] -> [K/s, K/s, s*s*C, F], matching ``space_to_depth``'s channel order."""
-    k, _, c, f = w.shape
-    w = w.reshape(k // s, s, k // s, s, c, f).transpose(0, 2, 1, 3, 4, 5)
-    return w.reshape(k // s, k // s, s * s * c, f)
+    """[K, K, C, F] -> [K/s, K/s, s*s*C, F]: ``space_to_depth`` of the kernel, with the output
+    features as the batch, so its channel order matches the input's."""
+    return jnp.transpose(space_to_depth(jnp.transpose(w, (3, 0, 1, 2)), s), (1, 2, 3, 0))
 
 
 def depth_to_kernel(w: jax.Array, s: int) -> jax.Array:
     """The inverse of ``kernel_to_depth``."""
-    kk, _, cc, f = w.shape
-    w = w.reshape(kk, kk, s, s, cc // (s * s), f).transpose(0, 2, 1, 3, 4, 5)
-    return w.reshape(kk * s, kk * s, cc // (s * s), f)
+    return jnp.transpose(depth_to_space(jnp.transpose(w, (3, 0, 1, 2)), s), (1, 2, 3, 0))
 
 
 def _fit(x: jax.Array, height: int, width: int) -> jax.Array:
