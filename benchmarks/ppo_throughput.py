@@ -159,10 +159,10 @@ def ppo_iteration(algo, state, key):
     collect, update = algo.hooks["collect"].fn, algo.hooks["update_agent"].fn
     k1, k2 = jax.random.split(key)
     start = time.perf_counter()
-    state, metrics = collect(state, k1)
-    block(metrics)
+    state, passed, metrics = collect(state, {}, k1)
+    block((passed, metrics))
     middle = time.perf_counter()
-    state, metrics = update(state, k2)
+    state, _, metrics = update(state, passed, k2)
     block(metrics)
     return state, middle - start, time.perf_counter() - middle
 
@@ -179,7 +179,7 @@ def ppo_end_to_end(config, window_s: float, repeats: int, max_iterations: int) -
         state, first_collect, first_update = ppo_iteration(algo, state, jax.random.fold_in(key, 0))
         state, c, u = ppo_iteration(algo, state, jax.random.fold_in(key, 1))  # sizes the window
         n = min(max_iterations, iterations_for(window_s, c + u))
-        steps_per_iteration = algo.hooks["collect"].env_steps
+        steps_per_iteration = algo.hooks["collect"].counts["env_steps"]
         sps, collect_s, update_s = [], [], []
         for r in range(repeats):
             window = time.perf_counter()

@@ -45,9 +45,9 @@ def get_config(variant: str = "pendulum") -> ml_collections.ConfigDict:
     c.phases.train = dict(unit="env_steps",
                           duration=c.get_ref("total_env_steps") - m.get_ref("warmup_steps"),
                           hooks=("collect", "update_model", "imagine", "update_agent"))
-    c.log.every_env_steps = 1_000
-    c.checkpoint.every_env_steps = 5_000
-    c.eval.every_env_steps = 0
+    c.log.every = "1000 env_steps"
+    c.checkpoint.every = "5000 env_steps"
+    c.eval.every = "never"
     c.eval.num_envs = 4
     c.eval.num_episodes = 4
     c.lock()

@@ -15,7 +15,7 @@ def ppo_block(**overrides) -> ml_collections.ConfigDict:
     p = ml_collections.ConfigDict()
     p.num_steps = 128
     p.learning_rate = 2.5e-4
-    p.anneal_lr = True
+    p.anneal_lr = True  # linearly to 0 over anneal_env_steps (below: total_env_steps)
     p.gamma = 0.99
     p.gae_lambda = 0.95
     p.num_minibatches = 4
@@ -55,8 +55,8 @@ def get_config(variant: str = "cartpole") -> ml_collections.ConfigDict:
         c.env.num_envs = 8
         c.total_env_steps = 200_000
         c.ppo = ppo_block(num_steps=64, learning_rate=1e-3)
-        c.log.every_env_steps = 8_192
-        c.eval.every_env_steps = 50_000
+        c.log.every = "8192 env_steps"
+        c.eval.every = "50000 env_steps"
     elif variant == "atari":
         c.env.id = "Breakout-v5"
         c.env.num_envs = 8
@@ -73,8 +73,8 @@ def get_config(variant: str = "cartpole") -> ml_collections.ConfigDict:
         c.total_env_steps = 10_000_000
         c.ppo = ppo_block(clip_coef=0.1)
         c.network = network_block(encoder="nature_cnn", separate_critic=False)
-        c.log.every_env_steps = 20_480
-        c.eval.every_env_steps = 500_000
+        c.log.every = "20480 env_steps"
+        c.eval.every = "500000 env_steps"
         c.eval.num_episodes = 8
     elif variant == "mujoco":
         c.env.id = "HalfCheetah-v4"
@@ -83,18 +83,21 @@ def get_config(variant: str = "cartpole") -> ml_collections.ConfigDict:
         c.ppo = ppo_block(num_steps=2048, learning_rate=3e-4, num_minibatches=32,
                           update_epochs=10, ent_coef=0.0, normalize_obs=True,
                           normalize_reward=True)
-        c.log.every_env_steps = 20_480
-        c.eval.every_env_steps = 100_000
+        c.log.every = "20480 env_steps"
+        c.eval.every = "100000 env_steps"
         c.eval.num_envs = 5
         c.eval.num_episodes = 5
-        c.eval.greedy = True
+        c.eval.temperature = 0.0
     elif variant == "minigrid":
         c.env.id = "MiniGrid-DoorKey-5x5-v0"
         c.env.num_envs = 16
         c.total_env_steps = 1_000_000
         c.ppo = ppo_block(learning_rate=2.5e-4)
         c.network = network_block(encoder="grid_cnn", separate_critic=False)
-        c.log.every_env_steps = 20_480
+        c.log.every = "20480 env_steps"
+    # A derived reference: it follows total_env_steps unless set, and setting it leaves
+    # total_env_steps alone. Pin it to extend a finished run with the same schedule.
+    c.ppo.anneal_env_steps = c.get_ref("total_env_steps") * 1
     c.phases.train = dict(unit="env_steps", duration=c.get_ref("total_env_steps"),
                           hooks=("collect", "update_agent"))
     c.lock()

@@ -3,6 +3,10 @@
 Algorithm config files (``configs/<algo>.py``) start from ``base_config()`` and add their
 own block (e.g. ``config.ppo``). ``total_env_steps`` is a FieldReference, so phases whose
 duration refers to it follow a ``--config.total_env_steps=...`` override.
+
+Clocks (``log.every``, ``checkpoint.every``, ``eval.every``) are strings ``"N unit"`` in any
+counter the algorithm's hooks declare, several separated by commas, or ``"never"``
+(``jaxwm.loop.phases.Clock``); they are checked against the algorithm when the loop is built.
 """
 
 from __future__ import annotations
@@ -27,19 +31,20 @@ def base_config() -> ml_collections.ConfigDict:
     c.phases = ml_collections.ConfigDict()
 
     c.log = ml_collections.ConfigDict()
-    c.log.every_env_steps = 10_000
+    c.log.every = "10000 env_steps"
+    c.log.x_axis = "env_steps"  # the counter TensorBoard and metrics.jsonl plot against
     c.log.progress = True
 
     c.checkpoint = ml_collections.ConfigDict()
-    c.checkpoint.every_env_steps = 100_000
+    c.checkpoint.every = "100000 env_steps"
     c.checkpoint.keep = 3
 
     c.eval = ml_collections.ConfigDict()
-    c.eval.every_env_steps = 50_000  # 0: only at the end
+    c.eval.every = "50000 env_steps"  # "never": only at the end (eval.at_end)
     c.eval.at_end = True
-    c.eval.num_envs = 8
+    c.eval.num_envs = 8  # at most num_episodes are used: each env owes a fixed quota
     c.eval.num_episodes = 10
-    c.eval.greedy = False
+    c.eval.temperature = 1.0  # 0: the policy's mode (greedy); 1: as trained
     c.eval.video = False
     return c
 
@@ -58,10 +63,9 @@ def validate_common(c: ml_collections.ConfigDict) -> None:
     _require(c.eval.num_envs > 0, f"eval.num_envs must be > 0, got {c.eval.num_envs}.")
     _require(c.eval.num_episodes > 0, "eval.num_episodes must be > 0.")
     _require(c.total_env_steps > 0, f"total_env_steps must be > 0, got {c.total_env_steps}.")
-    _require(c.log.every_env_steps > 0, "log.every_env_steps must be > 0.")
-    _require(c.checkpoint.every_env_steps > 0, "checkpoint.every_env_steps must be > 0.")
     _require(c.checkpoint.keep > 0, "checkpoint.keep must be > 0.")
-    _require(c.eval.every_env_steps >= 0, "eval.every_env_steps must be >= 0 (0: end only).")
+    _require(c.eval.temperature >= 0, f"eval.temperature must be >= 0 (0: greedy), got "
+             f"{c.eval.temperature}.")
     _require(c.num_devices >= 0, "num_devices must be >= 0 (0: all devices).")
 
 

@@ -39,3 +39,18 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
+
+
+def put_readonly(tree, mesh: Mesh, shard_min_bytes: int = 16 << 20):
+    """Puts read-only data (an offline dataset, demonstrations) on the mesh once, for
+    ``Algorithm.data``: each leaf of at least ``shard_min_bytes`` whose leading axis splits
+    evenly over the ``data`` axis is sharded over it (every device holds 1/N of it; a jitted
+    gather reads across devices), and the rest is replicated. Hooks receive it as an argument,
+    so it is never a compile-time constant."""
+
+    def place(x):
+        x = x if isinstance(x, jax.Array) else np.asarray(x)
+        large = x.nbytes >= shard_min_bytes and x.ndim > 0 and x.shape[0] % mesh.size == 0
+        return jax.device_put(x, batch_sharding(mesh) if large else replicated(mesh))
+
+    return jax.tree.map(place, tree)

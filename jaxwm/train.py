@@ -89,7 +89,9 @@ def main(argv=None) -> int:
         print(f"jaxwm.train: {e}", file=sys.stderr)
         return 1
     ret = summary.get("eval/episodic_return")
-    print(f"Finished {summary['env_steps']} env steps in {workdir}"
+    done = ", ".join(f"{n:,} {unit.replace('_', ' ')}" for unit, n in summary["counters"].items()
+                     if unit != "iterations")
+    print(f"Finished {done} in {workdir}"
           + (f"; final eval return {ret:.1f}" if ret is not None else "")
           + (" (interrupted; resume with --config.resume=True)" if summary["interrupted"] else ""))
     return 0

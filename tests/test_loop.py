@@ -1,9 +1,12 @@
-"""The loop with a toy algorithm: phase scheduling, checkpoints, resume, signals, guards."""
+"""The loop with toy algorithms: phases, named counters, passed data, clocks, checkpoints,
+resume (also mid-cycle), signals, early phase ends, media metrics, timing and guards."""
 
-import dataclasses
-import json
+import glob
 import os
 import signal
+import struct
+import subprocess
+import sys
 import time
 
 import jax
@@ -11,22 +14,25 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxwm.config import base_config
+from jaxwm.config import ConfigError, base_config
+from jaxwm.loop import metrics as metrics_module
 from jaxwm.loop.algorithm import Algorithm, Hook
 from jaxwm.loop.checkpoint import IncompatibleCheckpointError
-from jaxwm.loop.metrics import read_jsonl
-from jaxwm.loop.phases import Scheduler, phases_from_config
+from jaxwm.loop.metrics import Histogram, Image, MetricWindow, Video, read_jsonl
+from jaxwm.loop.phases import Clock, Scheduler, phases_from_config
 from jaxwm.loop.trainer import Trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def toy_config(**phase_overrides):
     c = base_config()
     c.algo = "toy"
-    c.eval.every_env_steps = 0
+    c.eval.every = "never"
     c.eval.at_end = False
     c.log.progress = False
-    c.log.every_env_steps = 10
-    c.checkpoint.every_env_steps = 1000
+    c.log.every = "10 env_steps"
+    c.checkpoint.every = "1000 env_steps"
     c.phase_order = ("warmup", "train")
     c.phases.warmup = dict(unit="env_steps", duration=20, hooks=("collect",))
     c.phases.train = dict(unit="iterations", duration=3, hooks=("collect", "update_agent:2"))
@@ -36,53 +42,116 @@ def toy_config(**phase_overrides):
 
 
 def toy_algorithm(calls=None, interrupt_at=None, nan_at=None, width=3):
-    """Deterministic given keys: collect adds noise, update shrinks. Records call order."""
+    """Deterministic given keys. ``collect`` draws noise and passes it on as ``batch``;
+    ``update_agent`` folds the batch in and shrinks. Records the call order."""
     calls = [] if calls is None else calls
 
-    def collect(state, key):
+    def collect(state, data, key):
         calls.append("collect")
         if interrupt_at is not None and len(calls) == interrupt_at:
             os.kill(os.getpid(), signal.SIGINT)
-        w = state["w"] + jax.random.normal(key, state["w"].shape)
-        return {"w": w, "n": state["n"] + 1}, {"charts/episodic_return": jnp.sum(w)}
+        noise = jax.random.normal(key, state["w"].shape)
+        w = state["w"] + noise
+        return ({"w": w, "n": state["n"] + 1}, {"batch": noise},
+                {"charts/episodic_return": jnp.sum(w)})
 
-    def update(state, key):
+    def update(state, data, key):
         calls.append("update_agent")
+        if interrupt_at is not None and len(calls) == interrupt_at:
+            os.kill(os.getpid(), signal.SIGINT)
         loss = jnp.sum(state["w"] ** 2)
         if nan_at is not None and len(calls) >= nan_at:
             loss = jnp.nan
-        return {"w": 0.9 * state["w"], "n": state["n"]}, {"losses/loss": loss}
+        w = 0.9 * state["w"] + 0.01 * data["batch"] + 0.001 * jax.random.normal(key, (width,))
+        return {"w": w, "n": state["n"]}, {}, {"losses/loss": loss}
 
     return Algorithm(
         name="toy",
         init=lambda key: {"w": jax.random.normal(key, (width,)), "n": jnp.zeros((), jnp.int32)},
-        hooks={"collect": Hook(collect, env_steps=10), "update_agent": Hook(update, updates=1)},
+        hooks={"collect": Hook(collect, counts={"env_steps": 10}, writes=("batch",)),
+               "update_agent": Hook(update, counts={"agent_updates": 1}, reads=("batch",))},
     )
 
 
-def test_scheduler_walks_phases_in_order():
-    calls = []
-    trainer = Trainer(toy_config(), toy_algorithm(calls), "/tmp/unused-not-created")
-    del trainer  # constructing validates; run below uses a real tmp dir
+def updates_only_algorithm(calls=None, interrupt_at=None, width=3):
+    """An offline toy: no env steps, three self-contained update hooks."""
+    calls = [] if calls is None else calls
+
+    def make(name, scale):
+        def fn(state, data, key):
+            calls.append(name)
+            if interrupt_at is not None and len(calls) == interrupt_at:
+                os.kill(os.getpid(), signal.SIGTERM)
+            w = scale * state["w"] + jax.random.normal(key, state["w"].shape)
+            return ({"w": w, "n": state["n"] + 1}, {},
+                    {f"losses/{name}": jnp.sum(w ** 2)})
+        return fn
+
+    return Algorithm(
+        name="offline-toy",
+        init=lambda key: {"w": jax.random.normal(key, (width,)), "n": jnp.zeros((), jnp.int32)},
+        hooks={"update_model": Hook(make("update_model", 0.5), counts={"model_updates": 1}),
+               "update_agent": Hook(make("update_agent", 0.7), counts={"agent_updates": 1})},
+        predicates={"n_at_least_4": lambda state: state["n"] >= 4},
+    )
+
+
+def offline_config(**overrides):
+    c = toy_config()
+    c.log.every = "5 model_updates, 5 agent_updates"
+    c.log.x_axis = "iterations"
+    c.checkpoint.every = "4 model_updates, 4 agent_updates"
+    c.checkpoint.keep = 100
+    c.phase_order = ("models", "agent")
+    c.phases = dict(models=dict(unit="model_updates", duration=12, hooks=("update_model:3",)),
+                    agent=dict(unit="agent_updates", duration=10, hooks=("update_agent",)))
+    for name, value in overrides.items():
+        c.phases[name] = value
+    return c
+
+
+def steps_of(path):
+    return sorted(int(s) for s in os.listdir(path))
+
+
+def test_scheduler_walks_phases_and_keeps_its_position():
     phases = phases_from_config(toy_config())
     assert [p.name for p in phases] == ["warmup", "train"]
     assert phases[1].hooks == (("collect", 1), ("update_agent", 2))
-    sched = Scheduler(phases)
-    assert sched.begin_cycle().name == "warmup"
-    sched.record(10, 0)
-    assert not sched.end_cycle()
-    sched.begin_cycle()
-    sched.record(10, 0)
-    assert sched.end_cycle() and sched.current.name == "train"
-    for _ in range(3):
-        assert sched.begin_cycle().name == "train"
-        sched.record(10, 2)
-        sched.end_cycle()
-    assert sched.finished and sched.env_steps == 50
-    assert sched.total_env_steps_planned() is None
+    sched = Scheduler(phases, toy_algorithm())
+    assert sched.units == ("env_steps", "agent_updates", "iterations")
+    assert sched.planned_total("env_steps") == 50 and sched.planned_total("agent_updates") == 6
+    order = []
+    while not sched.finished:
+        phase, hook = sched.next_call()
+        order.append((phase.name, hook))
+        sched.record(hook)
+        if len(order) == 3:  # inside the first train cycle: a copy resumes at the same position
+            saved = sched.state_dict()
+            assert saved["cycle"] == {"phase": "train", "position": 1}
+            assert sched.live_inputs() == {"batch"}
+    assert order == [("warmup", "collect")] * 2 + [("train", "collect"), ("train", "update_agent"),
+                                                   ("train", "update_agent")] * 3
+    assert sched.totals == {"env_steps": 50, "agent_updates": 6, "iterations": 5}
+    assert sched.calls == 11
+    copy = Scheduler(phases_from_config(toy_config()), toy_algorithm())
+    copy.load_state_dict(saved)
+    assert copy.next_call()[1] == "update_agent" and copy.calls == 3
+    assert copy.planned_total("env_steps") == 50
     # Lengthening a finished phase (a resumed run with a bigger budget) reopens it.
-    sched.phases[1] = dataclasses.replace(sched.phases[1], duration=4)
+    sched.phases[1] = phases_from_config(toy_config(
+        train=dict(unit="iterations", duration=4, hooks=("collect", "update_agent:2"))))[1]
     assert not sched.finished and sched.current.name == "train"
+
+
+def test_clock_parsing_and_marks():
+    clock = Clock.parse("10_000 env_steps, 5 model_updates", "log.every")
+    assert clock.every == ((10_000, "env_steps"), (5, "model_updates"))
+    assert clock.marks({"env_steps": 25_000, "model_updates": 7}) == (2, 1)
+    assert Clock.parse("never", "eval.every").every == ()
+    for bad in ("10000", "ten env_steps", "0 env_steps", "5 env_steps; 3 x"):
+        with pytest.raises(ConfigError, match="N unit"):
+            Clock.parse(bad, "log.every")
 
 
 def test_loop_runs_phases_and_writes_outputs(tmp_path):
@@ -90,19 +159,33 @@ def test_loop_runs_phases_and_writes_outputs(tmp_path):
     summary = Trainer(toy_config(), toy_algorithm(calls), str(tmp_path)).run()
     # warmup: 2 collects (20 env steps); train: 3 x (collect, update, update).
     assert calls == ["collect"] * 2 + ["collect", "update_agent", "update_agent"] * 3
-    assert summary["env_steps"] == 50 and not summary["interrupted"]
+    assert summary["env_steps"] == 50 and summary["agent_updates"] == 6
+    assert not summary["interrupted"]
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [10, 20, 30, 40, 50]
     assert all("charts/SPS" in r for r in rows) and "losses/loss" in rows[-1]
-    assert json.loads((tmp_path / "config.json").read_text())["algo"] == "toy"
+    assert rows[-1]["counters/agent_updates"] == 6 and rows[-1]["counters/iterations"] == 5
+    assert (tmp_path / "config.json").exists()
     assert os.path.exists(tmp_path / "learning_curve.png")
-    assert os.listdir(tmp_path / "checkpoints") == ["50"]
+    assert steps_of(tmp_path / "checkpoints") == [11]  # 11 hook calls
+
+
+def test_hook_timing_reports_each_hook_and_its_share(tmp_path):
+    Trainer(toy_config(), toy_algorithm(), str(tmp_path)).run()
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    first = {k for r in rows for k in r if k.startswith("time/first_call/")}
+    assert first == {"time/first_call/collect", "time/first_call/update_agent"}
+    timed = [r for r in rows if "time/update_agent" in r]
+    assert timed and all(r["time/update_agent"] > 0 for r in timed)
+    for r in rows:
+        shares = [v for k, v in r.items() if k.endswith("_fraction")]
+        assert all(0 < s for s in shares) and sum(shares) <= 1.0 + 1e-9, r
 
 
 class StateReadingEvaluator:
     """Stands in for ``loop.evaluate.Evaluator``: reading the state waits for queued work."""
 
-    def run(self, state, key, video_path=None):
+    def run(self, state, key):
         return {"eval/episodic_return": float(np.asarray(state["w"])[0, 0])}
 
 
@@ -121,15 +204,15 @@ def test_sps_counts_finished_work_not_dispatched_work(tmp_path):
     slow(w0).block_until_ready()
     per_call = time.perf_counter() - start
 
-    def collect(state, key):
-        return {"w": slow(state["w"])}, {}
+    def collect(state, data, key):
+        return {"w": slow(state["w"])}, {}, {}
 
     algo = Algorithm(name="slow", init=lambda key: {"w": w0},
-                     hooks={"collect": Hook(collect, env_steps=10)})
+                     hooks={"collect": Hook(collect, counts={"env_steps": 10})})
     c = toy_config()
     c.phase_order = ("warmup",)
     c.phases.warmup = dict(unit="env_steps", duration=60, hooks=("collect",))
-    c.eval.every_env_steps = 10
+    c.eval.every = "10 env_steps"
     Trainer(c, algo, str(tmp_path), evaluator=StateReadingEvaluator()).run()
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [10, 20, 30, 40, 50, 60]
@@ -137,14 +220,18 @@ def test_sps_counts_finished_work_not_dispatched_work(tmp_path):
     assert max(r["charts/SPS"] for r in rows) < 2.5 * true_sps, (rows, true_sps)
 
 
-def test_sigint_saves_and_resume_matches_uninterrupted(tmp_path):
+def test_sigint_waits_for_passed_data_then_resume_matches_uninterrupted(tmp_path):
     straight = Trainer(toy_config(), toy_algorithm(), str(tmp_path / "a"))
     straight.run()
 
-    interrupted = Trainer(toy_config(), toy_algorithm(interrupt_at=3), str(tmp_path / "b"))
+    # Call 3 is the first train collect: its batch is still to be read by both updates, so
+    # the loop runs them before saving (a checkpoint cannot hold passed data).
+    calls = []
+    interrupted = Trainer(toy_config(), toy_algorithm(calls, interrupt_at=3), str(tmp_path / "b"))
     summary = interrupted.run()
     assert summary["interrupted"] and summary["env_steps"] == 30
-    assert os.listdir(tmp_path / "b" / "checkpoints") == ["30"]
+    assert calls == ["collect"] * 3 + ["update_agent"] * 2
+    assert steps_of(tmp_path / "b" / "checkpoints") == [5]
 
     config = toy_config()
     config.resume = True
@@ -153,6 +240,70 @@ def test_sigint_saves_and_resume_matches_uninterrupted(tmp_path):
     assert summary["env_steps"] == 50 and not summary["interrupted"]
     np.testing.assert_array_equal(resumed.state["w"], straight.state["w"])
     assert int(resumed.state["n"]) == int(straight.state["n"]) == 5
+
+
+def test_offline_phases_log_checkpoint_and_stop_mid_cycle_then_resume_exactly(tmp_path):
+    straight_calls = []
+    straight = Trainer(offline_config(), updates_only_algorithm(straight_calls), str(tmp_path / "a"))
+    summary = straight.run()
+    assert summary["model_updates"] == 12 and summary["agent_updates"] == 10
+    assert "env_steps" not in summary["counters"]
+    rows = read_jsonl(tmp_path / "a" / "metrics.jsonl")
+    # Logs every 5 updates of either kind, and at the end of each phase; x-axis: iterations.
+    assert [(r["counters/model_updates"], r["counters/agent_updates"]) for r in rows] == [
+        (5, 0), (10, 0), (12, 0), (12, 5), (12, 10)]
+    assert [r["step"] for r in rows] == [1, 3, 4, 9, 14]
+    assert "charts/model_updates_per_s" in rows[0] and "charts/SPS" not in rows[0]
+    # Periodic checkpoints in an offline phase (every 4 updates; step = hook calls).
+    assert steps_of(tmp_path / "a" / "checkpoints") == [4, 8, 12, 16, 20, 22]
+
+    # SIGTERM at call 5: the second call of the second 3-call model cycle. Nothing is
+    # passed between these hooks, so the loop saves right there, mid-cycle.
+    calls = []
+    first = Trainer(offline_config(), updates_only_algorithm(calls, interrupt_at=5),
+                    str(tmp_path / "b"))
+    assert first.run()["interrupted"]
+    assert steps_of(tmp_path / "b" / "checkpoints")[-1] == 5
+    config = offline_config()
+    config.resume = True
+    resumed = Trainer(config, updates_only_algorithm(calls), str(tmp_path / "b"))
+    resumed.run()
+    assert calls == straight_calls
+    np.testing.assert_array_equal(resumed.state["w"], straight.state["w"])
+
+
+def test_phase_ends_early_when_the_algorithm_says_so_and_stays_ended(tmp_path):
+    config = offline_config(models=dict(unit="model_updates", duration=300,
+                                        hooks=("update_model:3",), until="n_at_least_4"))
+    calls = []
+    summary = Trainer(config, updates_only_algorithm(calls), str(tmp_path)).run()
+    # Read once per cycle: after cycle 2 (n = 6 >= 4), not after call 4.
+    assert calls == ["update_model"] * 6 + ["update_agent"] * 10
+    assert summary["model_updates"] == 6
+    config.resume = True
+    again = Trainer(config, updates_only_algorithm(calls), str(tmp_path)).run()
+    assert again["model_updates"] == 6 and len(calls) == 16  # the ended phase did not reopen
+
+
+def test_unreadable_latest_checkpoint_falls_back_and_is_kept(tmp_path, capsys):
+    straight = Trainer(offline_config(), updates_only_algorithm(), str(tmp_path / "a"))
+    straight.run()
+
+    first = Trainer(offline_config(), updates_only_algorithm(interrupt_at=13), str(tmp_path / "b"))
+    first.run()
+    checkpoints = tmp_path / "b" / "checkpoints"
+    assert steps_of(checkpoints) == [4, 8, 12, 13]
+    for data_file in glob.glob(str(checkpoints / "13" / "algo" / "**" / "d" / "*"), recursive=True):
+        with open(data_file, "r+b") as f:
+            f.truncate(3)  # as a disk filling up mid-write would leave it
+    config = offline_config()
+    config.resume = True
+    resumed = Trainer(config, updates_only_algorithm(), str(tmp_path / "b"))
+    resumed.run()
+    out = capsys.readouterr().out
+    assert "13 (" in out and "could not be read" in out and "step 12" in out
+    assert os.listdir(tmp_path / "b" / "unreadable_checkpoints") == ["13"]  # kept, not deleted
+    np.testing.assert_array_equal(resumed.state["w"], straight.state["w"])
 
 
 def test_refuses_to_start_over_existing_checkpoints(tmp_path):
@@ -178,30 +329,160 @@ def test_resume_with_mismatched_state_is_refused_and_kept(tmp_path):
     config.resume = True
     config.phases.train.duration = 5  # extending a run is allowed; the state shape is not
     trainer = Trainer(config, toy_algorithm(width=4), str(tmp_path))
-    with pytest.raises(IncompatibleCheckpointError, match="does not match"):
+    with pytest.raises(IncompatibleCheckpointError, match=r"does not match.*w: saved \(\(3,\)"):
         trainer.run()
-    assert os.listdir(tmp_path / "checkpoints") == ["50"]
+    assert steps_of(tmp_path / "checkpoints") == [11]
+    assert not os.path.exists(tmp_path / "unreadable_checkpoints")
 
 
 def test_nan_loss_stops_without_saving_bad_state(tmp_path):
     config = toy_config()
-    config.checkpoint.every_env_steps = 20
+    config.checkpoint.every = "20 env_steps"
     with pytest.raises(FloatingPointError, match="losses/loss"):
         Trainer(config, toy_algorithm(nan_at=4), str(tmp_path)).run()
-    assert os.listdir(tmp_path / "checkpoints") == ["20"]
+    assert steps_of(tmp_path / "checkpoints") == [2]
+
+
+def test_unwritable_workdir_is_a_one_line_error(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ConfigError, match="cannot be written"):
+        Trainer(toy_config(), toy_algorithm(), str(blocker / "run"))
+    cli = subprocess.run([sys.executable, "-m", "jaxwm.train", "--config=configs/ppo.py:cartpole",
+                          f"--workdir={blocker}/run", "--config.log.progress=False"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 1 and "cannot be written" in cli.stderr
+    assert "Traceback" not in cli.stderr
+
+
+def read_tensorboard(workdir):
+    """{tag: kinds} from the event files (TFRecord framing: length, crc, event, crc)."""
+    from tensorboardX.proto import event_pb2
+
+    kinds = {}
+    for path in glob.glob(os.path.join(workdir, "events.out.tfevents.*")):
+        data = open(path, "rb").read()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 16 + length
+            for value in event.summary.value:
+                kinds.setdefault(value.tag, set()).add(value.WhichOneof("value"))
+    return kinds
+
+
+def test_videos_images_and_histograms_reach_tensorboard_as_what_they_are(tmp_path):
+    def collect(state, data, key):
+        frames = jax.random.uniform(key, (6, 16, 16, 3))
+        return state, {}, {"model/prediction": Video(frames, fps=10),
+                           "model/frame": Image(frames[0]),
+                           "model/errors": Histogram(jax.random.normal(key, (100,))),
+                           "charts/episodic_return": jnp.float32(1.0)}
+
+    algo = Algorithm(name="media", init=lambda key: {"w": jnp.zeros(())},
+                     hooks={"collect": Hook(jax.jit(collect), counts={"env_steps": 5})})
+    c = toy_config()
+    c.phase_order = ("warmup",)
+    c.phases.warmup = dict(unit="env_steps", duration=20, hooks=("collect",))
+    Trainer(c, algo, str(tmp_path)).run()
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert rows[0]["model/prediction"] == "videos/model_prediction_10.gif"
+    assert rows[0]["model/frame"] == "images/model_frame_10.png"
+    assert "model/errors" not in rows[0] and rows[0]["charts/episodic_return"] == 1.0
+    gif = open(tmp_path / rows[1]["model/prediction"], "rb").read()
+    assert gif[:6] == b"GIF89a"
+    import imageio.v3 as iio
+    assert iio.imread(tmp_path / rows[1]["model/prediction"], index=None).shape[0] == 6
+    kinds = read_tensorboard(tmp_path)
+    assert kinds["model/prediction"] == {"image"} and kinds["model/frame"] == {"image"}
+    assert kinds["model/errors"] == {"histo"} and kinds["charts/episodic_return"] == {"simple_value"}
+
+
+def test_metrics_are_fetched_once_per_window(monkeypatch):
+    fetches = []
+    real = jax.device_get
+    monkeypatch.setattr(metrics_module.jax, "device_get",
+                        lambda tree: fetches.append(1) or real(tree))
+    window = MetricWindow()
+    for i in range(50):
+        window.add({"losses/a": jnp.float32(i), "losses/b": jnp.arange(3.0) + i})
+    assert window.nonfinite("losses/") == []
+    out = window.flush()
+    assert len(fetches) == 1
+    assert out["losses/a"] == pytest.approx(24.5) and out["losses/b"] == pytest.approx(25.5)
+
+
+def test_read_only_data_is_passed_not_checkpointed(tmp_path):
+    dataset = jnp.arange(2_000_000, dtype=jnp.float32)  # 8 MB
+    seen = []
+
+    @jax.jit
+    def _update(state, data, key):
+        idx = jax.random.randint(key, (), 0, data["dataset"].shape[0])
+        return {"w": state["w"] + data["dataset"][idx]}, {}, {}
+
+    def update(state, data, key):
+        seen.append(data["dataset"])
+        return _update(state, data, key)
+
+    algo = Algorithm(name="offline", init=lambda key: {"w": jnp.zeros(())},
+                     data={"dataset": dataset},
+                     hooks={"update_agent": Hook(update, counts={"agent_updates": 1},
+                                                 reads=("dataset",))})
+    c = toy_config()
+    c.log.every = "2 agent_updates"
+    c.log.x_axis = "agent_updates"
+    c.checkpoint.every = "2 agent_updates"
+    c.phase_order = ("train",)
+    c.phases = dict(train=dict(unit="agent_updates", duration=4, hooks=("update_agent",)))
+    Trainer(c, algo, str(tmp_path)).run()
+    assert len(seen) == 4 and all(d is dataset for d in seen)
+    size = sum(os.path.getsize(p) for p in glob.glob(str(tmp_path / "checkpoints" / "**"),
+                                                      recursive=True) if os.path.isfile(p))
+    assert size < 1_000_000  # the 8 MB dataset is not in any checkpoint
 
 
 @pytest.mark.parametrize(
     "phases, message",
     [
-        (dict(train=dict(unit="iterations", duration=1, hooks=("colect",))), "not one of"),
-        (dict(train=dict(unit="steps", duration=1, hooks=("collect",))), "unit"),
+        (dict(train=dict(unit="iterations", duration=1, hooks=("colect",))),
+         "'colect' is unknown.*Did you mean 'collect'"),
+        (dict(train=dict(unit="steps", duration=1, hooks=("collect",))),
+         "no hook of toy counts 'steps'"),
         (dict(train=dict(unit="iterations", duration=0, hooks=("collect",))), "> 0"),
-        (dict(train=dict(unit="updates", duration=5, hooks=("collect",))), "advance updates"),
-        (dict(train=dict(unit="iterations", duration=1, hooks=("imagine",))), "does not provide"),
+        (dict(train=dict(unit="agent_updates", duration=5, hooks=("collect",))),
+         "advance agent_updates"),
+        (dict(train=dict(unit="iterations", duration=1, hooks=("update_agent",))),
+         "reads 'batch'.*list it before"),
+        (dict(train=dict(unit="iterations", duration=1, hooks=("collect",), until="done")),
+         "predicate 'done' is unknown"),
+        (dict(train=dict(unit="iterations", duration=1, hooks=("evaluate",))),
+         "no policy to evaluate"),
     ],
 )
 def test_bad_phase_config_fails_early(tmp_path, phases, message):
-    with pytest.raises(ValueError, match=message):
-        Trainer(toy_config(**phases), toy_algorithm(), str(tmp_path))
-    assert not os.path.exists(tmp_path / "checkpoints")
+    with pytest.raises(ConfigError, match=message):
+        Trainer(toy_config(**phases), toy_algorithm(), str(tmp_path / "run"))
+    assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("log.every", "100 updates", "log.every: no hook of toy counts 'updates'"),
+    ("checkpoint.every", "100", "checkpoint.every='100': write 'N unit'"),
+    ("log.x_axis", "env_step", "Did you mean 'env_steps'"),
+])
+def test_bad_clock_fails_early(tmp_path, field, value, message):
+    config = toy_config()
+    section, name = field.split(".")
+    config[section][name] = value
+    with pytest.raises(ConfigError, match=message):
+        Trainer(config, toy_algorithm(), str(tmp_path / "run"))
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_algorithm_contract_rejects_reserved_names():
+    with pytest.raises(ValueError, match="reserved|loop's evaluator"):
+        Algorithm(name="x", init=lambda k: {}, hooks={"evaluate": Hook(lambda s, d, k: None)})
+    with pytest.raises(ValueError, match="loop's own unit"):
+        Hook(lambda s, d, k: None, counts={"iterations": 1})

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -51,15 +52,52 @@ def test_resume_gives_the_identical_next_update(tmp_path):
     config.resume = True
     second = Trainer(config, ppo_algo.build(config), str(tmp_path))
     restored, key = second._restore_or_init()
-    assert second.scheduler.env_steps == 1024
+    assert second.scheduler.totals["env_steps"] == 1024
     jax.tree.map(np.testing.assert_array_equal, restored.learner, first.state.learner)
-    jax.tree.map(np.testing.assert_array_equal, restored.rollout, first.state.rollout)
 
-    update_a = ppo_algo.build(config).hooks["update_agent"].fn
-    update_b = second.algorithm.hooks["update_agent"].fn
-    after_a, _ = update_a(first.state, jax.random.PRNGKey(5))
-    after_b, _ = update_b(restored, jax.random.PRNGKey(5))
+    # The same rollout and key give the same update from the saved and the restored learner
+    # (parameters, Adam moments and the learning-rate schedule's position all restored).
+    restored, passed, _ = second.algorithm.hooks["collect"].fn(restored, {}, key)
+    update = second.algorithm.hooks["update_agent"].fn
+    saved = first.state.replace(learner=jax.tree.map(jnp.copy, first.state.learner))
+    after_a, _, metrics_a = update(saved, passed, jax.random.PRNGKey(5))
+    after_b, _, metrics_b = update(restored, passed, jax.random.PRNGKey(5))
     jax.tree.map(np.testing.assert_array_equal, after_a.learner.params, after_b.learner.params)
+    assert float(metrics_a["charts/learning_rate"]) == float(metrics_b["charts/learning_rate"])
+
+
+def test_hooks_donate_what_they_change():
+    """The actor's per-env state and the learner are updated in place, not copied."""
+    config = ppo_config()
+    algo = ppo_algo.build(config)
+    try:
+        state = algo.init(jax.random.PRNGKey(0))
+        actor = jax.tree.leaves(state.actor)
+        state, passed, _ = algo.hooks["collect"].fn(state, {}, jax.random.PRNGKey(1))
+        assert all(x.is_deleted() for x in actor)
+        learner = jax.tree.leaves(state.learner)
+        state, _, _ = algo.hooks["update_agent"].fn(state, passed, jax.random.PRNGKey(2))
+        assert all(x.is_deleted() for x in learner)
+        assert not any(x.is_deleted() for x in jax.tree.leaves(state))
+    finally:
+        algo.close()
+
+
+def test_extending_a_run_keeps_the_learning_rate_schedule(tmp_path):
+    """A run planned for 2048 steps and one stopped at 1024 then extended to 2048 anneal the
+    learning rate identically: the schedule follows ppo.anneal_env_steps, not the budget."""
+    common = {"eval.every": "never", "eval.at_end": False, "log.every": "512 env_steps"}
+    straight = ppo_config(total_env_steps=2048, **common)
+    train.run(straight, str(tmp_path / "a"))
+    extended = ppo_config(total_env_steps=1024, **{"ppo.anneal_env_steps": 2048, **common})
+    train.run(extended, str(tmp_path / "b"))
+    extended.total_env_steps = 2048
+    extended.resume = True
+    train.run(extended, str(tmp_path / "b"))
+    rates = [[r["charts/learning_rate"] for r in read_jsonl(tmp_path / run / "metrics.jsonl")]
+             for run in ("a", "b")]
+    assert len(rates[0]) == 4 and bool(np.all(np.diff(rates[0]) < 0))
+    np.testing.assert_allclose(rates[1], rates[0], rtol=1e-6)
 
 
 MULTI_DEVICE_SCRIPT = textwrap.dedent("""
@@ -76,11 +114,13 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent("""
         algo = ppo_algo.build(c)
         state = algo.init(jax.random.PRNGKey(0))
         for i in range(2):
-            state, metrics = algo.hooks["collect"].fn(state, jax.random.PRNGKey(10 + i))
-            state, losses = algo.hooks["update_agent"].fn(state, jax.random.PRNGKey(20 + i))
+            state, passed, metrics = algo.hooks["collect"].fn(state, {{}}, jax.random.PRNGKey(10 + i))
+            state, _, losses = algo.hooks["update_agent"].fn(state, passed, jax.random.PRNGKey(20 + i))
         leaves = jax.tree.leaves(state.learner.params)
         out[n] = dict(params=[np.asarray(x).ravel().tolist() for x in leaves],
                       sharding=str(jax.tree.leaves(state.learner.params)[0].sharding),
+                      learner_devices=min(len(x.devices()) for x in jax.tree.leaves(state.learner)),
+                      actor_devices=max(len(x.devices()) for x in jax.tree.leaves(state.actor)),
                       episodes=float(metrics["charts/episodes"]))
         algo.close()
     print(json.dumps(out))
@@ -96,6 +136,9 @@ def test_one_and_four_devices_agree():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "4" in out["4"]["sharding"] or "devices=4" in out["4"]["sharding"] or \
         out["4"]["sharding"] != out["1"]["sharding"]
+    # The learner stays replicated on every device and the actor on the envs' one: collect
+    # and update do not move the state back and forth.
+    assert out["4"]["learner_devices"] == 4 and out["4"]["actor_devices"] == 1
     # Same envs stepped once per collect: identical episode counts, near-identical params.
     assert out["1"]["episodes"] == out["4"]["episodes"]
     for a, b in zip(out["1"]["params"], out["4"]["params"], strict=True):
@@ -114,8 +157,8 @@ def test_every_variant_runs_a_few_iterations(tmp_path, variant, overrides):
     config = ppo_config(variant, **overrides)
     per_iteration = config.env.num_envs * config.ppo.num_steps
     config.total_env_steps = 3 * per_iteration
-    config.log.every_env_steps = per_iteration
-    config.eval.every_env_steps = 0
+    config.log.every = f"{per_iteration} env_steps"
+    config.eval.every = "never"
     config.eval.num_envs = 1
     config.eval.num_episodes = 1
     if variant == "atari":
@@ -151,17 +194,25 @@ def test_cli_trains_then_resumes_from_the_saved_step(tmp_path):
     workdir = str(tmp_path / "run")
     common = ["--config=configs/ppo.py:cartpole", f"--workdir={workdir}",
               "--config.log.progress=False", "--config.eval.num_episodes=2",
-              "--config.log.every_env_steps=512"]
+              "--config.log.every=512 env_steps"]
     first = cli(*common, "--config.total_env_steps=1024")
     assert first.returncode == 0, first.stderr[-2000:]
     again = cli(*common, "--config.total_env_steps=1024")
     assert again.returncode == 1 and "resume=True" in again.stderr
-    resumed = cli(*common, "--config.total_env_steps=2048", "--config.resume=True")
+    # A bigger budget would stretch the annealed learning rate (it would jump back up).
+    longer = cli(*common, "--config.total_env_steps=2048", "--config.resume=True")
+    assert longer.returncode == 1 and "ppo.anneal_env_steps: saved 1024, now 2048" in longer.stderr
+    resumed = cli(*common, "--config.total_env_steps=2048", "--config.resume=True",
+                  "--config.ppo.anneal_env_steps=1024")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "Resumed" in resumed.stderr + resumed.stdout
-    steps = [r["step"] for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
-    assert steps == [512, 1024, 1536, 2048]
-    assert sorted(os.listdir(os.path.join(workdir, "checkpoints")))[-1] == "2048"
+    rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    assert [r["step"] for r in rows] == [512, 1024, 1536, 2048]
+    rates = [r["charts/learning_rate"] for r in rows]
+    assert rates[2] <= rates[1] and rates[3] <= rates[1]  # annealed, never back up
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints")), key=int)[-1] == "8"
+    for result in (again, longer):
+        assert "Traceback" not in result.stderr
 
 
 def test_eval_video_is_written_and_refused_where_envpool_cannot_render(tmp_path):
@@ -182,7 +233,7 @@ def test_mujoco_halfcheetah_passes_1000_within_1m_steps(tmp_path):
 
     Takes roughly an hour on 2 CPU cores (run with ``pytest -m slow``).
     """
-    config = ppo_config("mujoco", **{"eval.every_env_steps": 0})
+    config = ppo_config("mujoco", **{"eval.every": "never"})
     summary = train.run(config, str(tmp_path))
     assert summary["env_steps"] <= 1_001_472
     assert summary["eval/episodic_return"] > 1000, summary
@@ -195,7 +246,7 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     workdir = tmp_path / "run"
     args = [sys.executable, "-m", "jaxwm.train", "--config=configs/ppo.py:cartpole",
             f"--workdir={workdir}", "--config.total_env_steps=50000000",
-            "--config.log.every_env_steps=2048", "--config.log.progress=False"]
+            "--config.log.every=2048 env_steps", "--config.log.progress=False"]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     deadline = time.time() + 120
@@ -207,10 +258,15 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     assert proc.returncode == 0, output[-2000:]
     assert "SIGTERM received" in output and "interrupted" in output
     saved = int(sorted(os.listdir(workdir / "checkpoints"), key=int)[-1])
-    assert 2048 <= saved < 50_000_000
+    env_steps = saved // 2 * 512  # a checkpoint waits for the update that reads the rollout
+    assert 2048 <= env_steps < 50_000_000
 
+    # A shorter budget, keeping the 50M-step learning-rate schedule.
     resumed = cli(f"--workdir={workdir}", "--config=configs/ppo.py:cartpole",
-                  f"--config.total_env_steps={saved + 1024}", "--config.resume=True",
+                  f"--config.total_env_steps={env_steps + 1024}", "--config.resume=True",
+                  "--config.ppo.anneal_env_steps=50000000",
                   "--config.log.progress=False", "--config.eval.num_episodes=1")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"Resumed from {workdir / 'checkpoints'} at env step {saved}" in resumed.stdout
+    assert f"Resumed from {workdir / 'checkpoints'} at step {saved} (" in resumed.stdout
+    assert f"env_steps {env_steps:,}" in resumed.stdout
+    assert f"Finished {env_steps + 1024:,} env steps" in resumed.stdout

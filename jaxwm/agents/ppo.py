@@ -33,6 +33,7 @@ and shuffle environments, never time (REFERENCE.md), starting from the rollout's
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
@@ -112,14 +113,22 @@ class PPOHyper:
         return cls(**{n: cfg[n] for n in names}, recurrent=recurrent)
 
 
+def _clipped_adam(learning_rate, max_grad_norm):
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm),
+                       optax.adam(learning_rate, eps=1e-5))
+
+
 def make_optimizer(cfg, num_iterations: int) -> optax.GradientTransformation:
-    """Adam (eps 1e-5) after global-norm clipping; lr linearly annealed to 0 if asked."""
+    """Adam (eps 1e-5) after global-norm clipping; lr linearly annealed to 0 over
+    ``num_iterations`` if asked. The rate in use is in the optimiser state
+    (``inject_hyperparams``), so the update can report it."""
     updates_per_iteration = cfg.update_epochs * cfg.num_minibatches
     if cfg.anneal_lr:
         lr = optax.linear_schedule(cfg.learning_rate, 0.0, num_iterations * updates_per_iteration)
     else:
         lr = cfg.learning_rate
-    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5))
+    return optax.inject_hyperparams(_clipped_adam, static_args="max_grad_norm")(
+        learning_rate=lr, max_grad_norm=cfg.max_grad_norm)
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -266,7 +275,8 @@ def _minibatches(hyper, batch, key):
 
 
 def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, data_sharding=None):
-    """Returns ``update(learner, rollout, key) -> (learner, metrics)``, already jitted.
+    """Returns ``update(learner, rollout, key) -> (learner, metrics)``, already jitted; it
+    donates ``learner`` (updated in place).
 
     ``data_sharding`` (a NamedSharding over the batch axis) spreads every minibatch over the
     mesh; ``None`` leaves placement to XLA (single device).
@@ -286,6 +296,12 @@ def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, data_shardi
         mbs = jax.vmap(lambda k: _minibatches(hyper, batch, k))(keys)  # [E, M, ...]
         return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), mbs)  # [E*M, ...]
 
+    def with_learning_rate(learner, metrics):  # make_optimizer's inject_hyperparams state
+        hyperparams = getattr(learner.opt_state, "hyperparams", {})
+        if "learning_rate" not in hyperparams:
+            return metrics
+        return {**metrics, "charts/learning_rate": hyperparams["learning_rate"]}
+
     if loop_form == "host":
         prepare = backend.jit(lambda rollout, key: epoch_minibatches(prepare_batch(hyper, rollout), key))
         step = backend.jit(minibatch_step, donate_argnums=0)
@@ -297,17 +313,18 @@ def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, data_shardi
             for i in range(num):
                 learner, m = step(learner, jax.tree.map(lambda x, i=i: x[i], mbs))
                 metrics.append(m)
-            return learner, jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs)), *metrics)
+            metrics = jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs)), *metrics)
+            return learner, with_learning_rate(learner, metrics)
 
         return update
 
     unroll = True if loop_form == "unroll" else 1
 
-    @backend.jit
+    @partial(backend.jit, donate_argnums=0)
     def update(learner, rollout, key):
         mbs = epoch_minibatches(prepare_batch(hyper, rollout), key)
         learner, metrics = jax.lax.scan(minibatch_step, learner, mbs, unroll=unroll)
-        return learner, jax.tree.map(jnp.mean, metrics)
+        return learner, with_learning_rate(learner, jax.tree.map(jnp.mean, metrics))
 
     return update
 

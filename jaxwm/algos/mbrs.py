@@ -9,12 +9,14 @@ every model phase of the loop:
   before adding them, the model's one-step error on them: fresh data it has never seen.
 * ``update_model``: ``model_updates_per_call`` Adam steps of the dynamics MLP on replay.
 * ``imagine``: plans from a batch of replay states, imagining every candidate sequence in
-  the model (a scan), and keeps the elite sequences; reports imagined returns of the best,
-  mean and uniform candidates.
+  the model (a scan), and passes the elite sequences on (``writes=("elites",)``: data between
+  hooks, not state); reports imagined returns of the best, mean and uniform candidates.
 * ``update_agent``: the planner has no policy network, so its learnable part is the
   action-sequence prior: one cross-entropy-method step toward the imagined elites.
 
-Continuous action spaces only (the planner samples in the action box).
+Every hook that changes the state donates it, so the replay buffer is written in place.
+Continuous action spaces only (the planner samples in the action box); evaluation plans
+greedily whatever ``eval.temperature`` says (planning has no temperature).
 """
 
 from __future__ import annotations
@@ -47,7 +49,6 @@ class MBRSState:
     model: dynamics.DynamicsState
     replay: replay.ReplayState
     prior: shooting.SequencePrior
-    elites: jax.Array  # [imagine_batch * num_elites, H, A], from the last imagine
     actor: Actor
 
 
@@ -99,16 +100,14 @@ def build(config) -> Algorithm:
     def init(key):
         example = {"obs": jnp.zeros(obs_dim), "action": jnp.zeros(action_dim),
                    "reward": jnp.zeros(()), "next_obs": jnp.zeros(obs_dim)}
-        num_elites = m.imagine_batch * m.num_elites
         return MBRSState(
             model=dynamics.init(model, optimizer, key, obs_dim, action_dim),
             replay=replay.init(m.capacity, example),
             prior=shooting.SequencePrior.create(m.horizon, low, high),
-            elites=jnp.zeros((num_elites, m.horizon, action_dim)),
             actor=fresh_actor(),
         )
 
-    @backend.jit
+    @partial(backend.jit, donate_argnums=0)
     def _collect(state: MBRSState, handle, key):
         warm = state.replay.size >= m.warmup_steps
 
@@ -144,12 +143,13 @@ def build(config) -> Algorithm:
         state = state.replace(actor=actor, replay=replay.add(state.replay, flat, valid))
         return state, handle, metrics
 
-    def collect_hook(state, key):
+    def collect_hook(state, data, key):
+        del data
         state, env_handle["handle"], metrics = _collect(state, env_handle["handle"], key)
-        return state, metrics
+        return state, {}, metrics
 
     @partial(backend.jit, donate_argnums=0)
-    def update_model(state: MBRSState, key):
+    def _update_model(state: MBRSState, key):
         k_fit, k_steps = jax.random.split(key)
         model_state = dynamics.refit_normalizers(
             state.model, replay.sample(state.replay, k_fit, m.normalizer_samples))
@@ -164,7 +164,7 @@ def build(config) -> Algorithm:
                                                   "losses/model_loss_last": losses[-1]}
 
     @backend.jit
-    def imagine(state: MBRSState, key):
+    def _imagine(state: MBRSState, key):
         k_obs, k_plan = jax.random.split(key)
         starts = replay.sample(state.replay, k_obs, m.imagine_batch)["obs"]
         step_fn = model_step(state.model)
@@ -179,28 +179,44 @@ def build(config) -> Algorithm:
             "imagine/uniform_best_return": jnp.mean(jnp.max(returns[:, :n_uniform], -1)),
             "imagine/prior_best_return": jnp.mean(jnp.max(returns[:, n_uniform:], -1)),
         }
-        return state.replace(elites=elite.reshape(state.elites.shape)), metrics
+        return elite.reshape((-1,) + elite.shape[2:]), metrics  # [batch * elites, H, A]
 
-    @backend.jit
-    def update_agent(state: MBRSState, key):
-        del key
-        prior = shooting.refit_prior(state.prior, state.elites, m.prior_momentum, m.prior_min_std)
+    @partial(backend.jit, donate_argnums=0)
+    def _update_agent(state: MBRSState, elites):
+        prior = shooting.refit_prior(state.prior, elites, m.prior_momentum, m.prior_min_std)
         return state.replace(prior=prior), {"agent/prior_std": jnp.mean(prior.std),
                                             "agent/prior_mean_abs": jnp.mean(jnp.abs(prior.mean))}
 
-    @partial(backend.jit, static_argnums=5)
-    def act(state, carry, obs, is_first, key, greedy):
-        del is_first, greedy  # planning is deterministic given the key; no recurrent carry
+    def update_model_hook(state, data, key):
+        del data
+        state, metrics = _update_model(state, key)
+        return state, {}, metrics
+
+    def imagine_hook(state, data, key):
+        del data
+        elites, metrics = _imagine(state, key)
+        return state, {"elites": elites}, metrics  # reads the state; changes nothing in it
+
+    def update_agent_hook(state, data, key):
+        del key
+        state, metrics = _update_agent(state, data["elites"])
+        return state, {}, metrics
+
+    @backend.jit
+    def act(state, carry, obs, is_first, key, temperature):
+        del is_first, temperature  # planning is deterministic given the key; no carry
         return carry, plan_batch(state, jnp.asarray(obs, jnp.float32), key)
 
     return Algorithm(
         name="MBRS",
         init=init,
         hooks={
-            "collect": Hook(collect_hook, env_steps=spec.num_envs * m.steps_per_collect),
-            "update_model": Hook(update_model, updates=m.model_updates_per_call),
-            "imagine": Hook(imagine),
-            "update_agent": Hook(update_agent, updates=1),
+            "collect": Hook(collect_hook, counts={"env_steps": spec.num_envs * m.steps_per_collect}),
+            "update_model": Hook(update_model_hook,
+                                 counts={"model_updates": m.model_updates_per_call}),
+            "imagine": Hook(imagine_hook, writes=("elites",)),
+            "update_agent": Hook(update_agent_hook, reads=("elites",),
+                                 counts={"agent_updates": 1}),
         },
         policy=Policy(init_carry=lambda state, n: (), act=act),
         on_restore=lambda state: state.replace(actor=fresh_actor()),

@@ -1,11 +1,21 @@
 """PPO wired to envpool and the loop: hooks ``collect`` and ``update_agent``.
 
 ``collect`` runs the whole rollout as one jitted ``lax.scan`` carrying envpool's XLA handle
-(on one device: the env lives on the host, and a replicated computation would step it once
-per device). ``update_agent`` runs epochs x minibatches in one jitted call on the batch
-sharded over every device (``jaxwm.parallel``). The state is
-``PPOState(learner, actor, rollout)``; the rollout of the last collect is part of it, so the
-two hooks stay pure ``(state, key) -> (state, metrics)`` functions.
+and passes the rollout to ``update_agent`` through the loop (``writes=("rollout",)``); the
+rollout is never part of the checkpointed state, which is ``PPOState(learner, actor)``.
+``update_agent`` runs epochs x minibatches in one jitted call. Both donate what they change
+(the actor's per-env state; the learner), so nothing is copied per iteration.
+
+Devices: the envs live on the host and the envpool custom call must run once, so ``collect``
+runs on one device (the first of the mesh) and the actor's state stays there. The learner is
+replicated over the mesh once, at ``init``; ``collect`` reads the replica already on its
+device (no transfer), and only the rollout moves, sharded over the ``data`` axis for the
+update (``jaxwm.parallel``), plus the small observation/return statistics ``collect`` updates.
+
+The learning rate anneals over ``ppo.anneal_env_steps`` (by default the run's
+``total_env_steps``, fixed when the run starts), so extending a finished run with a larger
+``total_env_steps`` cannot make the annealed rate jump back up: the resume is refused unless
+``ppo.anneal_env_steps`` is pinned to its saved value (``jaxwm.loop.checkpoint``).
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from jaxwm.config import ConfigError
 from jaxwm.envs import EpisodeStats, make_env
 from jaxwm.loop.algorithm import Algorithm, Hook, Policy
 from jaxwm.nets.actor_critic import make_actor_critic
+from jaxwm.nets.distributions import sample_at_temperature
 from jaxwm.ops.normalize import RunningMeanStd
 
 
@@ -30,11 +41,12 @@ from jaxwm.ops.normalize import RunningMeanStd
 class PPOState:
     learner: ppo.Learner
     actor: ppo.Actor
-    rollout: ppo.Rollout
 
 
-def iterations(config) -> int:
-    return math.ceil(config.total_env_steps / (config.env.num_envs * config.ppo.num_steps))
+def anneal_iterations(config) -> int:
+    """Iterations over which the learning rate anneals."""
+    return max(1, math.ceil(config.ppo.anneal_env_steps /
+                            (config.env.num_envs * config.ppo.num_steps)))
 
 
 def validate(config) -> None:
@@ -46,14 +58,16 @@ def validate(config) -> None:
         "env.num_envs * ppo.num_steps"
     if p.num_steps <= 0 or p.num_minibatches <= 0 or p.update_epochs <= 0:
         raise ConfigError("ppo.num_steps, ppo.num_minibatches and ppo.update_epochs must be > 0.")
+    if p.anneal_env_steps <= 0:
+        raise ConfigError(f"ppo.anneal_env_steps must be > 0, got {p.anneal_env_steps}.")
     if sequences % p.num_minibatches:
         raise ConfigError(f"ppo.num_minibatches={p.num_minibatches} must divide {what} = "
-                         f"{sequences}.")
+                          f"{sequences}.")
     num_devices = config.num_devices or jax.device_count()
     if (sequences // p.num_minibatches) % num_devices:
         raise ConfigError(f"A minibatch holds {sequences // p.num_minibatches} sequences, which "
-                         f"does not split over {num_devices} devices; change ppo.num_minibatches"
-                         " or env.num_envs, or set --config.num_devices.")
+                          f"does not split over {num_devices} devices; change ppo.num_minibatches"
+                          " or env.num_envs, or set --config.num_devices.")
     ppo.resolve_loop_form(p.loop_form)  # raises on an unknown form
 
 
@@ -62,11 +76,11 @@ def build(config) -> Algorithm:
     spec = env.spec
     network = make_actor_critic(spec, config.network)
     hyper = ppo.PPOHyper.from_config(config.ppo, recurrent=network.backbone != "ff")
-    optimizer = ppo.make_optimizer(config.ppo, iterations(config))
+    optimizer = ppo.make_optimizer(config.ppo, anneal_iterations(config))
     loop_form = ppo.resolve_loop_form(config.ppo.loop_form)
 
     mesh = parallel.data_mesh(config.num_devices or None)
-    collect_device = jax.sharding.SingleDeviceSharding(mesh.devices.flat[0])
+    env_device = mesh.devices.flat[0]
     multi_device = mesh.size > 1
     update = ppo.make_update(network, hyper, optimizer, loop_form,
                              parallel.batch_sharding(mesh) if multi_device else None)
@@ -75,15 +89,23 @@ def build(config) -> Algorithm:
     def fresh_actor():
         env_handle["handle"], first = env.xla_reset()
         n = spec.num_envs
-        return ppo.Actor(obs=first.obs, is_first=jnp.ones(n, bool), prev_done=jnp.zeros(n, bool),
-                         carry=network.initialize_carry(n), discounted_return=jnp.zeros(n),
-                         stats=EpisodeStats.create(n))
+        actor = ppo.Actor(obs=first.obs, is_first=jnp.ones(n, bool), prev_done=jnp.zeros(n, bool),
+                          carry=network.initialize_carry(n), discounted_return=jnp.zeros(n),
+                          stats=EpisodeStats.create(n))
+        return jax.device_put(actor, env_device)
 
-    @backend.jit
-    def _collect(state, handle, key):
+    def on_env_device(tree):
+        """The replica of a replicated tree that already lives on the envs' device."""
+        if not multi_device:
+            return tree
+        return jax.tree.map(lambda x: next(s.data for s in x.addressable_shards
+                                           if s.device == env_device), tree)
+
+    @partial(backend.jit, donate_argnums=1)
+    def _collect(learner, actor, handle, key):
         learner, actor, handle, rollout, metrics = ppo.collect(
-            network, hyper, env.xla_step, state.learner, state.actor, handle, key)
-        return PPOState(learner, actor, rollout), handle, metrics
+            network, hyper, env.xla_step, learner, actor, handle, key)
+        return (learner.obs_rms, learner.return_rms), actor, handle, rollout, metrics
 
     def init(key):
         actor = fresh_actor()
@@ -92,48 +114,45 @@ def build(config) -> Algorithm:
         learner = ppo.Learner(params=params, opt_state=optimizer.init(params),
                               obs_rms=RunningMeanStd.create(spec.obs_shape),
                               return_rms=RunningMeanStd.create(()))
-        # The rollout's shapes come from tracing one collect; it starts as zeros.
-        empty = PPOState(learner, actor, None)
-        _, _, _, rollout_shape, _ = jax.eval_shape(
-            lambda s, h, k: ppo.collect(network, hyper, env.xla_step, s.learner, s.actor, h, k),
-            empty, env_handle["handle"], key)
-        rollout = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), rollout_shape)
-        return PPOState(learner, actor, rollout)
-
-    def collect_hook(state, key):
-        if multi_device:
-            state = jax.device_put(state, collect_device)
-        state, env_handle["handle"], metrics = _collect(state, env_handle["handle"], key)
-        return state, metrics
-
-    def update_hook(state, key):
-        learner, rollout = state.learner, state.rollout
         if multi_device:
             learner = jax.device_put(learner, parallel.replicated(mesh))
-            rollout = jax.device_put(rollout, parallel.batch_sharding(mesh))
-        learner, metrics = update(learner, rollout, key)
-        return state.replace(learner=learner), metrics
+        return PPOState(learner, actor)
 
-    @partial(backend.jit, static_argnums=5)
-    def act(state, carry, obs, is_first, key, greedy):
+    def collect_hook(state, data, key):
+        del data
+        statistics, actor, env_handle["handle"], rollout, metrics = _collect(
+            on_env_device(state.learner), state.actor, env_handle["handle"], key)
+        if multi_device:
+            statistics = jax.device_put(statistics, parallel.replicated(mesh))
+        learner = state.learner.replace(obs_rms=statistics[0], return_rms=statistics[1])
+        return PPOState(learner, actor), {"rollout": rollout}, metrics
+
+    def update_hook(state, data, key):
+        rollout = data["rollout"]
+        if multi_device:
+            rollout = jax.device_put(rollout, parallel.batch_sharding(mesh))
+        learner, metrics = update(state.learner, rollout, key)
+        return state.replace(learner=learner), {}, metrics
+
+    @backend.jit
+    def act(state, carry, obs, is_first, key, temperature):
         learner = state.learner
         if hyper.normalize_obs:
             obs = learner.obs_rms.normalize(obs)
         carry, dist, _ = network.apply(learner.params, carry, obs[:, None], is_first[:, None])
-        action = dist.mode() if greedy else dist.sample(key)
-        return carry, action[:, 0]
+        return carry, sample_at_temperature(dist, key, temperature)[:, 0]
 
     def on_restore(state):
         return state.replace(actor=fresh_actor())
 
-    steps_per_collect = spec.num_envs * hyper.num_steps
     return Algorithm(
         name="PPO",
         init=init,
         hooks={
-            "collect": Hook(collect_hook, env_steps=steps_per_collect),
-            "update_agent": Hook(update_hook,
-                                 updates=hyper.update_epochs * hyper.num_minibatches),
+            "collect": Hook(collect_hook, counts={"env_steps": spec.num_envs * hyper.num_steps},
+                            writes=("rollout",)),
+            "update_agent": Hook(update_hook, reads=("rollout",), counts={
+                "agent_updates": hyper.update_epochs * hyper.num_minibatches}),
         },
         policy=Policy(init_carry=lambda state, n: network.initialize_carry(n), act=act),
         on_restore=on_restore,

@@ -2,18 +2,36 @@
 
 An algorithm is a frozen bundle of functions. The loop knows nothing else about it:
 
-* ``init(key) -> state``: the whole training state, a pytree the loop checkpoints.
-* ``hooks[name] = Hook(fn, env_steps, updates)``: ``fn(state, key) -> (state, metrics)``
-  for ``collect``, ``update_model``, ``update_agent`` and ``imagine``; ``env_steps`` and
-  ``updates`` are the static counts one call advances, which drive the phase scheduler
-  without a host sync.
+* ``init(key) -> state``: everything resume needs (parameters, optimiser, replay, per-env
+  actor state, RNG-free counters), one pytree. The loop checkpoints exactly this.
+* ``hooks[name] = Hook(fn, counts, reads, writes)``, with names the algorithm chooses.
+  ``fn(state, data, key) -> (state, outputs, metrics)`` is normally a jitted pure function
+  that donates ``state``. ``counts`` says what one call advances in named counters
+  (``{"env_steps": 512}``, ``{"model_updates": 100}``), static so that the scheduler needs
+  no host sync; phases and clocks may be measured in any declared counter. ``reads`` names
+  the inputs ``data`` holds: outputs written by an earlier hook of the same cycle (PPO's
+  ``rollout``, mbrs's ``elites``) or read-only data (below). ``writes`` names the
+  ``outputs`` it returns. Passed data lives for one cycle and is never checkpointed.
+* ``data``: read-only inputs (an offline dataset, demonstrations), loaded once and put on
+  device by the algorithm (``parallel.put_readonly`` shards the large ones), handed to the
+  hooks that read them as arguments, so they are neither checkpointed nor baked into a
+  compiled program as constants.
+* ``predicates[name](state) -> bool``: conditions a phase may end on early
+  (``until=name``: ensemble early stopping, a density model's patience); read on the host
+  once per cycle of such a phase.
 * ``policy``: what the evaluator needs to act in a separate env pool.
 * ``on_restore(state) -> state``: re-attaches host resources after a checkpoint is loaded
   (envpool's C++ env state cannot be saved, so envs restart their episodes; everything in
-  ``state`` — parameters, optimiser, RNG, counters — continues exactly).
+  ``state`` continues exactly).
 
-Hook functions are normally jitted pure functions; an algorithm that steps envpool through
-its XLA interface keeps the env handle in a small host-side holder, the one impurity.
+Hook names are free. RL Lab's conventional ones, used by the configs in this repository, are
+``collect``, ``update_model``, ``update_agent`` and ``imagine``; ``evaluate`` is reserved for
+the loop's evaluator and ``iterations`` (cycles through a phase's hooks) is a unit every phase
+has. Conventional counter names: ``env_steps`` (real environment steps; SPS and the default
+x-axis), ``model_updates``, ``agent_updates``.
+
+The one impurity allowed: an algorithm that steps envpool through its XLA interface keeps the
+env handle in a small host-side holder (see docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -24,23 +42,44 @@ from typing import Any
 
 import jax
 
-# ``evaluate`` is served by the loop's evaluator; the others by the algorithm.
-HOOK_NAMES = ("collect", "update_model", "update_agent", "imagine", "evaluate")
+CONVENTIONAL_HOOKS = ("collect", "update_model", "update_agent", "imagine")
+EVALUATE = "evaluate"  # served by the loop's evaluator
+ITERATIONS = "iterations"  # the unit every phase has: cycles through its hooks
 
-HookFn = Callable[[Any, jax.Array], tuple[Any, Mapping[str, Any]]]
+HookFn = Callable[[Any, Mapping[str, Any], jax.Array],
+                  tuple[Any, Mapping[str, Any], Mapping[str, Any]]]
+
+
+def _check_name(name: str, what: str) -> None:
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"{what} {name!r} must be a Python identifier.")
 
 
 @dataclasses.dataclass(frozen=True)
 class Hook:
+    """One step of an algorithm: ``fn(state, data, key) -> (state, outputs, metrics)``."""
+
     fn: HookFn
-    env_steps: int = 0
-    updates: int = 0
+    counts: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        for counter, amount in self.counts.items():
+            _check_name(counter, "Counter")
+            if counter == ITERATIONS:
+                raise ValueError(f"'{ITERATIONS}' is the loop's own unit; a hook cannot count it.")
+            if int(amount) != amount or amount < 0:
+                raise ValueError(f"Hook counts must be integers >= 0, got {counter}={amount!r}.")
+        for name in self.reads + self.writes:
+            _check_name(name, "Hook input/output")
 
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """Acting for evaluation: ``init_carry(state, num_envs) -> carry`` and
-    ``act(state, carry, obs, is_first, key, greedy) -> (carry, action)`` (jitted)."""
+    ``act(state, carry, obs, is_first, key, temperature) -> (carry, action)`` (jitted;
+    ``temperature`` 0 is the distribution's mode, 1 the policy as trained)."""
 
     init_carry: Callable[[Any, int], Any]
     act: Callable[..., tuple[Any, jax.Array]]
@@ -52,5 +91,24 @@ class Algorithm:
     init: Callable[[jax.Array], Any]
     hooks: Mapping[str, Hook]
     policy: Policy | None = None
+    data: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    predicates: Mapping[str, Callable[[Any], Any]] = dataclasses.field(default_factory=dict)
     on_restore: Callable[[Any], Any] = lambda state: state
     close: Callable[[], None] = lambda: None
+
+    def __post_init__(self):
+        for name in self.hooks:
+            _check_name(name, "Hook name")
+        if EVALUATE in self.hooks:
+            raise ValueError(f"'{EVALUATE}' is the loop's evaluator; name the hook otherwise.")
+        for name, hook in self.hooks.items():
+            shadowed = set(hook.writes) & set(self.data)
+            if shadowed:
+                raise ValueError(f"Hook {name!r} writes {sorted(shadowed)}, which are read-only "
+                                 "data of the algorithm.")
+
+    @property
+    def counters(self) -> tuple[str, ...]:
+        """Every counter some hook advances: env_steps first, then by name."""
+        names = {c for hook in self.hooks.values() for c in hook.counts}
+        return tuple(sorted(names, key=lambda name: (name != "env_steps", name)))

@@ -1,22 +1,35 @@
 """Checkpoints with orbax's CheckpointManager, and the guards that keep them safe.
 
-A run directory holds ``config.json`` (the resolved config) and ``checkpoints/<step>/``.
+A run directory holds ``config.json`` (the resolved config) and ``checkpoints/<step>/``,
+where ``step`` counts hook calls (a counter that always increases, whether or not a phase
+steps an env). Each checkpoint has two items: ``algo``, the algorithm's state pytree, and
+``loop``, a small JSON document (the loop's RNG key and the scheduler: counters, per-phase
+progress, the position inside the current cycle).
+
 Rules (DESIGN.md, convention 10):
+* the run directory must be writable, or the run stops with a one-line error;
 * a new run refuses a directory that already has checkpoints (pass ``resume=True`` or pick
   another ``--workdir``);
 * a resumed run first compares its config with the saved one and refuses changes to
   anything but the settings listed in ``RESUMABLE_KEYS``;
 * a checkpoint whose tree does not match the freshly built state raises
-  ``IncompatibleCheckpointError`` before anything is written.
+  ``IncompatibleCheckpointError`` before anything is written;
+* a checkpoint that cannot be read (a truncated or corrupted file) is moved, not deleted, to
+  ``unreadable_checkpoints/<step>/`` and the run resumes from the newest readable one, saying
+  which and why; if none can be read, nothing is touched.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+
+from jaxwm.config import ConfigError
 
 # Settings that may change between a run and its resumption.
 RESUMABLE_KEYS = ("resume", "checkpoint", "eval", "log", "total_env_steps", "phases")
@@ -53,12 +66,47 @@ def config_to_json_dict(config) -> dict:
     return json.loads(config.to_json_best_effort())
 
 
+def prepare_workdir(workdir: str) -> None:
+    """Creates ``workdir`` and proves it writable, or raises a one-line ConfigError."""
+    probe = os.path.join(workdir, ".jaxwm_write_test")
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(f"--workdir={workdir} cannot be written ({type(e).__name__}: "
+                          f"{e.strerror or e}); choose a directory you can write to.") from None
+
+
+def _key_name(key) -> str:
+    for attr in ("key", "name", "idx"):  # DictKey, GetAttrKey, SequenceKey
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _shapes(tree) -> dict[str, tuple]:
+    """``{path: (shape, dtype)}`` of a pytree of arrays or of orbax's metadata of one (which
+    stores dataclass fields and tuple items as dict entries, hence names, not key types)."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {"/".join(_key_name(k) for k in path): (tuple(leaf.shape), np.dtype(leaf.dtype).name)
+            for path, leaf in flat}
+
+
 class Checkpointer:
     def __init__(self, workdir: str, keep: int):
+        self.workdir = workdir
         self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+        self.quarantine = os.path.abspath(os.path.join(workdir, "unreadable_checkpoints"))
         self.config_path = os.path.join(workdir, "config.json")
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._keep = keep
+        self._manager = self._open()
+
+    def _open(self) -> ocp.CheckpointManager:
+        options = ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=True)
+        handlers = {"algo": ocp.StandardCheckpointHandler(), "loop": ocp.JsonCheckpointHandler()}
+        return ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -79,27 +127,69 @@ class Checkpointer:
                 raise IncompatibleCheckpointError(
                     "Cannot resume: the config differs from the one this run was started with "
                     f"({self.config_path}):\n  " + "\n  ".join(diffs) +
-                    "\nRestore those values, or start a new run in another --workdir; "
-                    "nothing was changed.")
+                    "\nRestore those values (--config.<key>=<saved value>; this also pins a "
+                    "value that follows total_env_steps by default), or start a new run in "
+                    "another --workdir; nothing was changed.")
 
     def write_config(self, config) -> None:
         with open(self.config_path, "w") as f:
             f.write(config.to_json_best_effort(indent=2))
 
-    def save(self, step: int, tree, force: bool = False) -> None:
-        self._manager.save(step, args=ocp.args.StandardSave(tree), force=force)
+    def save(self, step: int, state, loop: dict, force: bool = False) -> None:
+        """Saves asynchronously; the device arrays are copied before this returns, so the
+        caller may donate ``state`` to its next jitted call right away."""
+        args = ocp.args.Composite(algo=ocp.args.StandardSave(state), loop=ocp.args.JsonSave(loop))
+        self._manager.save(step, args=args, force=force)
 
-    def restore(self, template):
-        """Restores the latest checkpoint into the structure (and shardings) of ``template``."""
-        step = self.latest_step()
+    def restore(self, template) -> tuple[object, dict, str | None]:
+        """Restores the newest readable checkpoint into the structure (and shardings) of
+        ``template``. Returns ``(state, loop, note)``; ``note`` says which checkpoints were
+        unreadable and where they were moved (None if the latest was read)."""
+        expected = _shapes(template)
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
-        try:
-            return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
-        except (ValueError, KeyError, TypeError) as e:
-            raise IncompatibleCheckpointError(
-                f"Checkpoint {self.directory}/{step} does not match the state this config builds "
-                f"({type(e).__name__}: {str(e)[:500]}). It was left untouched; resume with the "
-                "config it was written with, or use another --workdir.") from None
+        unreadable = []
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            try:
+                saved = _shapes(self._manager.item_metadata(step)["algo"])
+            except Exception as e:  # noqa: BLE001 -- any failure to read is "unreadable"
+                unreadable.append((step, e))
+                continue
+            if saved != expected:
+                self._refuse_mismatch(step, saved, expected)
+            try:
+                restored = self._manager.restore(step, args=ocp.args.Composite(
+                    algo=ocp.args.StandardRestore(abstract), loop=ocp.args.JsonRestore()))
+            except Exception as e:  # noqa: BLE001
+                unreadable.append((step, e))
+                continue
+            return restored["algo"], restored["loop"], self._set_aside(unreadable, step)
+        raise IncompatibleCheckpointError(
+            f"No checkpoint in {self.directory} can be read: " + "; ".join(
+                f"{step}: {type(e).__name__}: {str(e)[:200]}" for step, e in unreadable) +
+            ". Nothing was changed; start a new run in another --workdir.")
+
+    def _refuse_mismatch(self, step: int, saved: dict, expected: dict) -> None:
+        diffs = [f"{path}: saved {saved.get(path, '<absent>')}, now {expected.get(path, '<absent>')}"
+                 for path in sorted(set(saved) | set(expected))
+                 if saved.get(path) != expected.get(path)]
+        raise IncompatibleCheckpointError(
+            f"Checkpoint {self.directory}/{step} does not match the state this config builds "
+            f"({len(diffs)} differences; {'; '.join(diffs[:3])}). It was left untouched; resume "
+            "with the config it was written with, or use another --workdir.")
+
+    def _set_aside(self, unreadable, restored_step: int) -> str | None:
+        if not unreadable:
+            return None
+        self._manager.close()
+        os.makedirs(self.quarantine, exist_ok=True)
+        for step, _ in unreadable:
+            shutil.move(os.path.join(self.directory, str(step)),
+                        os.path.join(self.quarantine, str(step)))
+        self._manager = self._open()
+        reasons = "; ".join(f"{step} ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+                            for step, e in unreadable)
+        return (f"Checkpoint(s) {reasons} could not be read; moved to {self.quarantine} (not "
+                f"deleted) and resumed from the newest readable one, step {restored_step}.")
 
     def wait(self) -> None:
         self._manager.wait_until_finished()

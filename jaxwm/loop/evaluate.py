@@ -1,77 +1,96 @@
 """Evaluation on its own env pool, on the host path (no XLA handle), with optional video.
 
-Runs the algorithm's policy (greedy = distribution mode, or sampled) until ``num_episodes``
-real episodes have finished (``episode_over``: for Atari, game over, not a lost life), and
-reports their mean/std raw return. A video records env 0's first episode as a GIF (Pillow
-ships with matplotlib's dependencies, so no ffmpeg is needed).
+Runs the algorithm's policy at ``eval.temperature`` (0: the distribution's mode; 1: the
+policy as trained; SimPLe evaluates at 0.5) and reports the mean/std raw return of
+``eval.num_episodes`` real episodes (``episode_over``: for Atari, game over, not a lost life).
+
+Unbiased by construction: each env owes a fixed quota of episodes (``num_episodes`` split as
+evenly as possible, so the pool has at most ``num_episodes`` envs) and only its first
+``quota`` episodes count. Keeping "the first N episodes to finish across the pool" instead
+would over-sample short episodes, and so bias the return toward whatever makes episodes end
+early (in CartPole, failing).
+
+A video records env 0's first episode and is returned as a ``metrics.Video``, which the
+loop writes as a GIF (Pillow ships with matplotlib's dependencies, so no ffmpeg is needed).
 """
 
 from __future__ import annotations
 
-import os
-
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxwm.config import ConfigError
 from jaxwm.envs import EpisodeStats, make_env
+from jaxwm.loop.metrics import Video
+
+
+def episode_quotas(num_episodes: int, num_envs: int) -> np.ndarray:
+    """``num_episodes`` split over ``min(num_envs, num_episodes)`` envs, the first ones
+    taking one more where it does not divide."""
+    envs = min(num_envs, num_episodes)
+    return np.array([num_episodes // envs + (i < num_episodes % envs) for i in range(envs)])
 
 
 class Evaluator:
-    def __init__(self, config, policy, seed_offset: int = 10_000):
+    def __init__(self, config, policy, env=None, seed_offset: int = 10_000):
         self.config = config.eval
         self.policy = policy
-        self.env = make_env(config.env, num_envs=config.eval.num_envs,
-                            seed=config.seed + seed_offset)
+        self.quotas = episode_quotas(config.eval.num_episodes, config.eval.num_envs)
+        self.env = env if env is not None else make_env(
+            config.env, num_envs=len(self.quotas), seed=config.seed + seed_offset)
+        if self.env.spec.num_envs != len(self.quotas):
+            raise ValueError(f"The evaluation pool has {self.env.spec.num_envs} envs; "
+                             f"{len(self.quotas)} are needed for the quotas {self.quotas}.")
         if self.config.video and not self.env.can_render:
             self.env.close()
             raise ConfigError(f"eval.video is not available for {config.env.id}: envpool cannot "
                               "render MuJoCo/DMC envs here. Set --config.eval.video=False.")
 
-    def run(self, state, key, video_path: str | None = None) -> dict[str, float]:
-        env, cfg = self.env, self.config
+    def run(self, state, key) -> dict:
+        env, quotas = self.env, self.quotas
+        temperature = jnp.float32(self.config.temperature)
         res = env.reset()
         carry = self.policy.init_carry(state, env.spec.num_envs)
         is_first = np.ones(env.spec.num_envs, bool)
         stats = EpisodeStats.create(env.spec.num_envs)
-        returns, lengths, frames = [], [], []
-        recording = video_path is not None
+        returns = [[] for _ in quotas]
+        lengths = [[] for _ in quotas]
+        frames = []
+        recording = bool(self.config.video)
         # A generous cap so that a policy that never ends an episode cannot hang the run.
-        max_steps = cfg.num_episodes * max(env.spec.max_episode_steps, 1) + 1000
+        max_steps = int(quotas.max()) * max(env.spec.max_episode_steps, 1) + 1000
         for _ in range(max_steps):
             if recording:
                 frames.append(env.render())
             key, act_key = jax.random.split(key)
-            carry, action = self.policy.act(state, carry, res.obs, is_first, act_key, cfg.greedy)
+            carry, action = self.policy.act(state, carry, res.obs, is_first, act_key, temperature)
             prev_done = res.done
             res = env.step(np.asarray(action))
             stats, completed = stats.update(res)
+            completed = jax.device_get(completed)
             is_first = np.asarray(prev_done)
-            mask = np.asarray(completed["mask"])
-            if recording and mask[0]:
-                recording = False
-                self._write_video(frames, video_path)
-            returns.extend(np.asarray(completed["return"])[mask].tolist())
-            lengths.extend(np.asarray(completed["length"])[mask].tolist())
-            if len(returns) >= cfg.num_episodes and not recording:  # the video needs its episode
+            for i in np.flatnonzero(completed["mask"]):
+                if len(returns[i]) < quotas[i]:
+                    returns[i].append(float(completed["return"][i]))
+                    lengths[i].append(float(completed["length"][i]))
+                if i == 0:
+                    recording = False
+            if not recording and all(len(r) >= q for r, q in zip(returns, quotas, strict=True)):
                 break
-        returns = returns[: cfg.num_episodes]
-        if not returns:
-            return {}
-        return {
-            "eval/episodic_return": float(np.mean(returns)),
-            "eval/episodic_return_std": float(np.std(returns)),
-            "eval/episodic_length": float(np.mean(lengths[: cfg.num_episodes])),
-            "eval/episodes": float(len(returns)),
-        }
-
-    @staticmethod
-    def _write_video(frames, path: str) -> None:
-        import imageio.v2 as imageio
-
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        frames = [np.asarray(f, dtype=np.uint8) for f in frames]
-        imageio.mimsave(path, frames, duration=1000 / 30, loop=0)
+        flat_returns = [r for per_env in returns for r in per_env]
+        metrics = {}
+        if flat_returns:
+            metrics = {
+                "eval/episodic_return": float(np.mean(flat_returns)),
+                "eval/episodic_return_std": float(np.std(flat_returns)),
+                "eval/episodic_length": float(np.mean([n for per in lengths for n in per])),
+                "eval/episodes": float(len(flat_returns)),
+            }
+        if frames:
+            metrics["eval/video"] = Video(np.stack([np.asarray(f, np.uint8) for f in frames]),
+                                          fps=30)
+        return metrics
 
     def close(self) -> None:
         self.env.close()

@@ -1,59 +1,182 @@
 """Metric sinks owned by the loop: TensorBoard (tensorboardX), JSON lines, learning curve.
 
-``metrics.jsonl`` holds one object per log step: ``{"step": env_steps, "<name>": value}``,
-with the same names as the TensorBoard scalars (``charts/episodic_return``, ``losses/...``).
-Non-finite values (e.g. no episode finished in the window) are left out, not written as NaN.
+Hooks return flat dicts of metrics that stay on the device until a log step. A value is one
+of:
+
+* a scalar (or an array of scalars): averaged over the log window, NaN-aware;
+* ``Video(frames)``: the window's last one is written as an animated GIF to
+  ``videos/<name>_<step>.gif`` and to TensorBoard's image tab (animated);
+* ``Image(pixels)``: the window's last one, to ``images/<name>_<step>.png`` and TensorBoard;
+* ``Histogram(values)``: the window's values pooled into one TensorBoard histogram.
+
+All three are pytrees, so jitted hooks return them like any array (DreamerV3's and SimPLe's
+video predictions). ``metrics.jsonl`` holds one object per log step: ``{"step": x, "<name>":
+value}``, with the same names as TensorBoard; media appear as their file's path relative to
+the run directory. Non-finite scalars (e.g. no episode finished in the window) are left out,
+not written as NaN.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 from collections import defaultdict
 
+import jax
 import numpy as np
+from flax import struct
+
+
+@struct.dataclass
+class Video:
+    """``frames``: [T, H, W, C] with C in (1, 3), uint8 or float in [0, 1]."""
+
+    frames: jax.Array
+    fps: int = struct.field(pytree_node=False, default=15)
+
+
+@struct.dataclass
+class Image:
+    """``pixels``: [H, W, C] with C in (1, 3), uint8 or float in [0, 1]."""
+
+    pixels: jax.Array
+
+
+@struct.dataclass
+class Histogram:
+    """``values``: any shape; a window's values are pooled."""
+
+    values: jax.Array
+
+
+MEDIA = (Video, Image, Histogram)
+
+
+def _is_media(value) -> bool:
+    return isinstance(value, MEDIA)
 
 
 class MetricWindow:
-    """Accumulates per-hook metrics between log steps; averages on read (NaN-aware)."""
+    """Accumulates per-hook metrics between log steps.
+
+    Values stay where the hooks left them (on the device) until the window is read; then all
+    of them are fetched in one ``jax.device_get``, not one array at a time.
+    """
 
     def __init__(self):
         self._values = defaultdict(list)
+        self._on_host = True
 
     def add(self, metrics) -> None:
         for name, value in metrics.items():
             self._values[name].append(value)
+        self._on_host = self._on_host and not metrics
+
+    def _fetch(self) -> None:
+        if not self._on_host:
+            self._values = defaultdict(list, jax.device_get(dict(self._values)))
+            self._on_host = True
 
     def nonfinite(self, prefix: str) -> list[str]:
         """Names under ``prefix`` with any non-finite value in the window."""
+        self._fetch()
         return sorted(name for name, values in self._values.items() if name.startswith(prefix)
-                      and not all(np.all(np.isfinite(np.asarray(v))) for v in values))
+                      and not all(_is_media(v) or np.all(np.isfinite(np.asarray(v, np.float64)))
+                                  for v in values))
 
-    def flush(self) -> dict[str, float]:
+    def flush(self) -> dict:
+        """Scalars averaged (finite values only), media as described in the module docstring;
+        empties the window."""
+        self._fetch()
         out = {}
         for name, values in self._values.items():
-            arr = np.asarray([np.asarray(v, dtype=np.float64) for v in values]).ravel()
-            finite = arr[np.isfinite(arr)]
-            if finite.size:
-                out[name] = float(finite.mean())
+            last = values[-1]
+            if isinstance(last, Histogram):
+                out[name] = Histogram(np.concatenate([np.ravel(v.values) for v in values]))
+            elif _is_media(last):
+                out[name] = last
+            else:
+                arr = np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in values])
+                finite = arr[np.isfinite(arr)]
+                if finite.size:
+                    out[name] = float(finite.mean())
         self._values.clear()
         return out
+
+
+def _uint8(x) -> np.ndarray:
+    x = np.asarray(x)
+    if x.dtype != np.uint8:
+        x = (np.clip(x, 0.0, 1.0) * 255).round().astype(np.uint8)
+    return x
+
+
+def gif_bytes(frames, fps: int) -> bytes:
+    import imageio.v2 as imageio
+
+    frames = _uint8(frames)
+    if frames.shape[-1] == 1:
+        frames = frames[..., 0]
+    buffer = io.BytesIO()
+    imageio.mimsave(buffer, list(frames), format="GIF", duration=1000 / fps, loop=0)
+    return buffer.getvalue()
 
 
 class MetricWriter:
     def __init__(self, workdir: str):
         from tensorboardX import SummaryWriter
 
+        self.workdir = workdir
         self.path = os.path.join(workdir, "metrics.jsonl")
         self._tb = SummaryWriter(workdir)
         self._jsonl = open(self.path, "a")
 
-    def write(self, step: int, metrics: dict[str, float]) -> None:
-        metrics = {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
+    def _media_path(self, kind: str, name: str, step: int, ext: str) -> str:
+        relative = os.path.join(kind, f"{name.replace('/', '_')}_{step}.{ext}")
+        os.makedirs(os.path.join(self.workdir, kind), exist_ok=True)
+        return relative
+
+    def _write_video(self, name: str, video: Video, step: int) -> str:
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        data = gif_bytes(video.frames, video.fps)
+        relative = self._media_path("videos", name, step, "gif")
+        with open(os.path.join(self.workdir, relative), "wb") as f:
+            f.write(data)
+        _, height, width, channels = np.shape(video.frames)
+        # TensorBoard shows an image summary holding a GIF as an animation; tensorboardX's own
+        # add_video needs moviepy, which this avoids.
+        image = Summary.Image(height=height, width=width, colorspace=channels,
+                              encoded_image_string=data)
+        self._tb._get_file_writer().add_summary(
+            Summary(value=[Summary.Value(tag=name, image=image)]), step)
+        return relative
+
+    def _write_image(self, name: str, image: Image, step: int) -> str:
+        import imageio.v2 as imageio
+
+        pixels = _uint8(image.pixels)
+        relative = self._media_path("images", name, step, "png")
+        imageio.imwrite(os.path.join(self.workdir, relative),
+                        pixels[..., 0] if pixels.shape[-1] == 1 else pixels)
+        self._tb.add_image(name, pixels, step, dataformats="HWC")
+        return relative
+
+    def write(self, step: int, metrics: dict) -> None:
+        row = {"step": int(step)}
         for name, value in metrics.items():
-            self._tb.add_scalar(name, value, step)
-        self._jsonl.write(json.dumps({"step": int(step), **metrics}) + "\n")
+            if isinstance(value, Video):
+                row[name] = self._write_video(name, value, step)
+            elif isinstance(value, Image):
+                row[name] = self._write_image(name, value, step)
+            elif isinstance(value, Histogram):
+                self._tb.add_histogram(name, np.asarray(value.values, np.float64), step)
+            elif math.isfinite(float(value)):
+                row[name] = float(value)
+                self._tb.add_scalar(name, float(value), step)
+        self._jsonl.write(json.dumps(row) + "\n")
         self._jsonl.flush()
 
     def close(self) -> None:
@@ -66,8 +189,8 @@ def read_jsonl(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_learning_curve(jsonl_path: str, png_path: str, title: str) -> bool:
-    """Training and evaluation return against env steps. False if nothing to plot."""
+def plot_learning_curve(jsonl_path: str, png_path: str, title: str, x_label: str) -> bool:
+    """Training and evaluation return against the run's x-axis. False if nothing to plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,7 +210,7 @@ def plot_learning_curve(jsonl_path: str, png_path: str, title: str) -> bool:
             ax.plot(xs, ys, marker="o" if label == "eval" else None, markersize=3, label=label)
             plotted = True
     if plotted:
-        ax.set_xlabel("environment steps")
+        ax.set_xlabel(x_label.replace("_", " "))
         ax.set_ylabel("return")
         ax.set_title(title)
         ax.grid(alpha=0.3)

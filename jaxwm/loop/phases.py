@@ -1,31 +1,65 @@
-"""Declarative training phases and the scheduler that walks them (after RL Lab).
+"""Declarative training phases, the scheduler that walks them, and clocks (after RL Lab).
 
-A phase is ``{hooks, duration, unit}`` in the config, run in ``config.phase_order``:
-``hooks`` is a tuple of hook names, each optionally ``name:K`` to call it K times per cycle
-(e.g. Dreamer's ``update_model:16`` for a replay ratio); ``unit`` is what ``duration``
-counts: ``env_steps``, ``updates`` or ``iterations`` (cycles through the hooks).
+A phase is ``{hooks, duration, unit, until}`` in the config, run in ``config.phase_order``:
 
-The scheduler's state is per-phase progress, checkpointed with the run.
+* ``hooks``: hook names, each optionally ``name:K`` to call it K times back to back per
+  cycle (a replay ratio: ``update_model:16``); ``evaluate`` runs the loop's evaluator;
+* ``unit``: what ``duration`` counts: any counter a hook of the algorithm declares
+  (``env_steps``, ``model_updates``, ...) or ``iterations`` (cycles through the hooks);
+* ``until`` (optional): the name of one of the algorithm's predicates; the phase also ends
+  after a cycle at whose end the predicate holds (``duration`` is then a cap).
+
+The scheduler advances one hook call at a time, so everything the loop schedules (logs,
+evaluations, checkpoints, signals) is checked after every call, not once per cycle. Its
+state (counter totals, per-phase progress, the position inside the current cycle) is plain
+JSON, saved with every checkpoint: a run stopped in the middle of a cycle resumes there.
+
+A clock (``log.every``, ``checkpoint.every``, ``eval.every``) is written ``"N unit"``, or
+several separated by commas (``"10000 env_steps, 500 model_updates"``): it fires whenever
+one of those counters crosses a multiple of its N. ``""`` or ``"never"``: never.
 """
 
 from __future__ import annotations
 
 import dataclasses
-
-import numpy as np
+import difflib
+import math
+import re
+from collections.abc import Mapping
 
 from jaxwm.config import ConfigError
-from jaxwm.loop.algorithm import HOOK_NAMES
-
-UNITS = ("env_steps", "updates", "iterations")
+from jaxwm.loop.algorithm import EVALUATE, ITERATIONS, Algorithm
 
 
 @dataclasses.dataclass(frozen=True)
 class Phase:
     name: str
-    hooks: tuple[tuple[str, int], ...]  # (hook name, repeats)
+    hooks: tuple[tuple[str, int], ...]  # (hook name, calls back to back)
     duration: int
     unit: str
+    until: str = ""
+
+    @property
+    def cycle_length(self) -> int:
+        return sum(repeats for _, repeats in self.hooks)
+
+    def hook_at(self, position: int) -> str:
+        """The hook of the ``position``-th call of a cycle (0-based)."""
+        for name, repeats in self.hooks:
+            if position < repeats:
+                return name
+            position -= repeats
+        raise IndexError(f"Phase {self.name!r} has {self.cycle_length} calls per cycle.")
+
+    def calls_from(self, position: int) -> list[tuple[str, int]]:
+        """The calls of a cycle from ``position`` on, as (hook name, calls) runs."""
+        out, start = [], 0
+        for name, repeats in self.hooks:
+            left = min(repeats, start + repeats - position)
+            if left > 0:
+                out.append((name, left))
+            start += repeats
+        return out
 
 
 def parse_hook(text: str) -> tuple[str, int]:
@@ -34,7 +68,8 @@ def parse_hook(text: str) -> tuple[str, int]:
 
 
 def phases_from_config(config) -> list[Phase]:
-    """Reads and validates ``config.phase_order`` / ``config.phases``."""
+    """Reads ``config.phase_order`` / ``config.phases`` (syntax only; ``check_phases``
+    checks them against an algorithm)."""
     order = tuple(config.phase_order)
     declared = set(config.phases.keys())
     if not order:
@@ -42,12 +77,10 @@ def phases_from_config(config) -> list[Phase]:
     missing = [name for name in order if name not in declared]
     if missing:
         raise ConfigError(f"config.phase_order names {missing}, which config.phases does not "
-                         f"define (defined: {sorted(declared)}).")
+                          f"define (defined: {sorted(declared)}).")
     phases = []
     for name in order:
         spec = config.phases[name]
-        if spec.unit not in UNITS:
-            raise ConfigError(f"phases.{name}.unit={spec.unit!r}; choose one of {UNITS}.")
         if int(spec.duration) <= 0:
             raise ConfigError(f"phases.{name}.duration must be > 0, got {spec.duration}.")
         hooks = []
@@ -56,37 +89,105 @@ def phases_from_config(config) -> list[Phase]:
                 hook, repeat = parse_hook(text)
             except ValueError:
                 raise ConfigError(f"phases.{name}.hooks: bad entry {text!r}; write 'name' or "
-                                 "'name:K' with K an integer.") from None
-            if hook not in HOOK_NAMES or repeat < 1:
-                raise ConfigError(f"phases.{name}.hooks: {text!r} is not one of {HOOK_NAMES} "
-                                 "(optionally ':K' with K >= 1).")
+                                  "'name:K' with K an integer.") from None
+            if repeat < 1:
+                raise ConfigError(f"phases.{name}.hooks: {text!r} repeats a hook {repeat} times; "
+                                  "K must be >= 1.")
             hooks.append((hook, repeat))
         if not hooks:
             raise ConfigError(f"phases.{name}.hooks is empty.")
-        phases.append(Phase(name, tuple(hooks), int(spec.duration), spec.unit))
+        phases.append(Phase(name, tuple(hooks), int(spec.duration), str(spec.unit),
+                            str(spec.get("until", "") or "")))
     return phases
 
 
-class Scheduler:
-    """Tracks how far each phase and the whole run have gone.
+def _unknown(what: str, value: str, known) -> str:
+    close = difflib.get_close_matches(value, list(known), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"{what} {value!r} is unknown; choose one of {sorted(known)}.{hint}"
 
-    The current phase is derived, not stored: it is the first phase whose progress (in its
-    own unit) is below its duration. So a resumed run whose config lengthens a phase simply
-    reopens it. The state is two int64 arrays, which checkpoint as they are.
+
+def check_phases(phases: list[Phase], algorithm: Algorithm, can_evaluate: bool) -> None:
+    """Every check that needs the algorithm, on the host before anything compiles: hook
+    names, units, a unit none of the phase's hooks advance, inputs nothing provides, and
+    predicates."""
+    hooks = algorithm.hooks
+    known_hooks = set(hooks) | {EVALUATE}
+    units = set(algorithm.counters) | {ITERATIONS}
+    for phase in phases:
+        where = f"phases.{phase.name}"
+        for name, _ in phase.hooks:
+            if name not in known_hooks:
+                raise ConfigError(f"{where}.hooks: " + _unknown(f"{algorithm.name} hook", name,
+                                                                known_hooks))
+            if name == EVALUATE and not can_evaluate:
+                raise ConfigError(f"{where} asks for '{EVALUATE}' but {algorithm.name} has no "
+                                  "policy to evaluate.")
+        if phase.unit not in units:
+            raise ConfigError(f"{where}.unit: no hook of {algorithm.name} counts "
+                              f"{phase.unit!r}. " + _unknown("The unit", phase.unit, units))
+        per_cycle = counts_of(phase.hooks, hooks)
+        if phase.unit != ITERATIONS and per_cycle.get(phase.unit, 0) == 0:
+            raise ConfigError(f"Phase {phase.name!r} lasts {phase.duration} {phase.unit} but "
+                              f"none of its hooks {[h for h, _ in phase.hooks]} advance "
+                              f"{phase.unit}.")
+        written: dict[str, str] = {}
+        for name, _ in phase.hooks:
+            if name == EVALUATE:
+                continue
+            for needed in hooks[name].reads:
+                if needed not in written and needed not in algorithm.data:
+                    writers = [n for n, h in hooks.items() if needed in h.writes]
+                    raise ConfigError(
+                        f"{where}: hook {name!r} reads {needed!r}, which no earlier hook of the "
+                        f"phase writes" + (f" (written by {writers}: list it before {name!r})."
+                                           if writers else "."))
+            written.update(dict.fromkeys(hooks[name].writes, name))
+        if phase.until and phase.until not in algorithm.predicates:
+            raise ConfigError(f"{where}.until: " + _unknown(f"{algorithm.name} predicate",
+                                                            phase.until, algorithm.predicates))
+
+
+def counts_of(runs, hooks: Mapping) -> dict[str, int]:
+    """Counters advanced by ``runs`` of (hook name, calls)."""
+    total: dict[str, int] = {}
+    for name, calls in runs:
+        if name == EVALUATE:
+            continue
+        for counter, amount in hooks[name].counts.items():
+            total[counter] = total.get(counter, 0) + amount * calls
+    return total
+
+
+class Scheduler:
+    """Tracks counters, each phase's progress and the position inside the current cycle.
+
+    The current phase is derived: the first phase neither ended early nor at its duration,
+    so a resumed run whose config lengthens a phase reopens it. A cycle, once begun, runs to
+    its end in the phase it began in (its hooks all count toward that phase).
     """
 
-    def __init__(self, phases: list[Phase]):
+    def __init__(self, phases: list[Phase], algorithm: Algorithm):
         self.phases = phases
-        self.totals = np.zeros(len(UNITS), np.int64)  # env_steps, updates, iterations
-        self.progress = np.zeros((len(phases), len(UNITS)), np.int64)
-        self._cycle_phase: int | None = None  # pinned while a cycle runs
+        self._hooks = algorithm.hooks
+        self.units = tuple(algorithm.counters) + (ITERATIONS,)
+        self.totals = dict.fromkeys(self.units, 0)
+        self.progress = {p.name: dict.fromkeys(self.units, 0) for p in phases}
+        self.ended_early = dict.fromkeys((p.name for p in phases), False)
+        self.calls = 0  # hook calls so far: the checkpoint step, which always increases
+        self.cycle: tuple[int, int] | None = None  # (phase index, calls done in the cycle)
+
+    def _phase_done(self, i: int) -> bool:
+        phase = self.phases[i]
+        return self.ended_early[phase.name] or \
+            self.progress[phase.name][phase.unit] >= phase.duration
 
     @property
     def phase_index(self) -> int:
-        for i, phase in enumerate(self.phases):
-            if self.progress[i, UNITS.index(phase.unit)] < phase.duration:
-                return i
-        return len(self.phases)
+        if self.cycle is not None:
+            return self.cycle[0]
+        return next((i for i in range(len(self.phases)) if not self._phase_done(i)),
+                    len(self.phases))
 
     @property
     def finished(self) -> bool:
@@ -96,36 +197,125 @@ class Scheduler:
     def current(self) -> Phase:
         return self.phases[self.phase_index]
 
-    @property
-    def env_steps(self) -> int:
-        return int(self.totals[0])
+    def next_call(self) -> tuple[Phase, str]:
+        """The phase and hook of the next call (beginning a cycle if none is running)."""
+        if self.cycle is None:
+            self.cycle = (self.phase_index, 0)
+        index, position = self.cycle
+        return self.phases[index], self.phases[index].hook_at(position)
 
-    def begin_cycle(self) -> Phase:
-        """Pins the current phase: a cycle's hooks all count toward the phase it began in."""
-        self._cycle_phase = self.phase_index
-        return self.phases[self._cycle_phase]
+    def record(self, hook: str) -> bool:
+        """Counts the call just made. True if it ended the cycle."""
+        index, position = self.cycle
+        phase = self.phases[index]
+        counts = {} if hook == EVALUATE else self._hooks[hook].counts
+        for counter, amount in counts.items():
+            self.progress[phase.name][counter] += amount
+            self.totals[counter] += amount
+        self.calls += 1
+        if position + 1 < phase.cycle_length:
+            self.cycle = (index, position + 1)
+            return False
+        self.progress[phase.name][ITERATIONS] += 1
+        self.totals[ITERATIONS] += 1
+        self.cycle = None
+        return True
 
-    def record(self, env_steps: int, updates: int) -> None:
-        amounts = np.array([env_steps, updates, 0], np.int64)
-        self.progress[self._cycle_phase] += amounts
-        self.totals += amounts
+    def end_phase_early(self, phase: Phase) -> None:
+        self.ended_early[phase.name] = True
 
-    def end_cycle(self) -> bool:
-        """Counts one iteration of the pinned phase. True if that phase is now done."""
-        index, self._cycle_phase = self._cycle_phase, None
-        self.progress[index, 2] += 1
-        self.totals[2] += 1
-        return self.phase_index != index
+    def live_inputs(self) -> set[str]:
+        """Inputs the rest of the current cycle still reads (a checkpoint taken while any is
+        pending could not resume, since passed data is not saved)."""
+        if self.cycle is None:
+            return set()
+        index, position = self.cycle
+        return {name for hook, _ in self.phases[index].calls_from(position) if hook != EVALUATE
+                for name in self._hooks[hook].reads}
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return {"totals": self.totals.copy(), "progress": self.progress.copy()}
+    def planned_total(self, unit: str) -> int:
+        """Where ``unit`` will stand when the run ends (an upper bound if a phase may end
+        early)."""
+        total = self.totals[unit]
+        for i, phase in enumerate(self.phases):
+            progress = dict(self.progress[phase.name])
+            if self.cycle is not None and self.cycle[0] == i:
+                rest = counts_of(phase.calls_from(self.cycle[1]), self._hooks)
+                rest[ITERATIONS] = 1
+                for counter, amount in rest.items():
+                    progress[counter] += amount
+                total += rest.get(unit, 0)
+            elif self.cycle is not None and i < self.cycle[0]:
+                continue
+            if self.ended_early[phase.name]:
+                continue
+            per_cycle = counts_of(phase.hooks, self._hooks)
+            per_cycle[ITERATIONS] = 1
+            cycles = math.ceil(max(phase.duration - progress[phase.unit], 0)
+                               / per_cycle[phase.unit])
+            total += cycles * per_cycle.get(unit, 0)
+        return total
 
-    def load_state_dict(self, state) -> None:
-        self.totals = np.asarray(state["totals"], np.int64).copy()
-        self.progress = np.asarray(state["progress"], np.int64).copy()
+    def describe(self) -> str:
+        return ", ".join(f"{unit} {self.totals[unit]:,}" for unit in self.units)
 
-    def total_env_steps_planned(self) -> int | None:
-        """Env steps the whole run will take, if every phase is measured in env steps."""
-        if all(p.unit == "env_steps" for p in self.phases):
-            return sum(p.duration for p in self.phases)
-        return None
+    # ---------------------------------------------------------------- checkpointed state
+
+    def state_dict(self) -> dict:
+        cycle = None if self.cycle is None else \
+            {"phase": self.phases[self.cycle[0]].name, "position": self.cycle[1]}
+        return {"calls": self.calls, "totals": dict(self.totals), "cycle": cycle,
+                "phases": {name: {"progress": dict(self.progress[name]),
+                                  "ended_early": self.ended_early[name]}
+                           for name in self.progress}}
+
+    def load_state_dict(self, state: dict) -> None:
+        names = [p.name for p in self.phases]
+        dropped = sorted(set(state["phases"]) - set(names))
+        if dropped:
+            raise ConfigError(f"The checkpoint has progress in phases {dropped}, which the config "
+                              "no longer defines; add them back to config.phases/phase_order.")
+        self.calls = int(state["calls"])
+        self.totals = {u: int(state["totals"].get(u, 0)) for u in self.units}
+        for name, saved in state["phases"].items():
+            self.progress[name] = {u: int(saved["progress"].get(u, 0)) for u in self.units}
+            self.ended_early[name] = bool(saved["ended_early"])
+        cycle = state["cycle"]
+        self.cycle = None
+        if cycle is not None:
+            index = names.index(cycle["phase"])
+            if cycle["position"] < self.phases[index].cycle_length:
+                self.cycle = (index, int(cycle["position"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Clock:
+    """``every`` = ((N, unit), ...): fires when any unit crosses a multiple of its N."""
+
+    name: str
+    every: tuple[tuple[int, str], ...]
+
+    @classmethod
+    def parse(cls, text, name: str) -> Clock:
+        text = str(text).strip()
+        if text in ("", "never", "0"):
+            return cls(name, ())
+        every = []
+        for part in text.split(","):
+            match = re.fullmatch(r"\s*(\d[\d_]*)\s*([A-Za-z_]\w*)\s*", part)
+            if not match or int(match.group(1)) <= 0:
+                raise ConfigError(f"{name}={text!r}: write 'N unit' (e.g. '10000 env_steps'), "
+                                  "several separated by commas, or 'never'.")
+            every.append((int(match.group(1)), match.group(2)))
+        return cls(name, tuple(every))
+
+    def check(self, algorithm: Algorithm) -> None:
+        units = set(algorithm.counters) | {ITERATIONS}
+        for _, unit in self.every:
+            if unit not in units:
+                raise ConfigError(f"{self.name}: no hook of {algorithm.name} counts {unit!r}. "
+                                  + _unknown("The unit", unit, units))
+
+    def marks(self, totals: Mapping[str, int]) -> tuple[int, ...]:
+        """How many times each of its intervals has elapsed; the clock fires when this changes."""
+        return tuple(totals[unit] // n for n, unit in self.every)

@@ -1,19 +1,29 @@
 """The one training loop: phases -> hooks, plus everything algorithms must not do.
 
-Per cycle of the current phase, the trainer splits its key, calls each hook's pure function
-with ``(state, key)``, counts the hook's declared env steps and updates, and collects the
-metrics it returns. It owns, and nothing below it does: the progress bar, TensorBoard and
-``metrics.jsonl``, orbax checkpoints (periodic, final, on SIGINT/SIGTERM), resumption, the
-evaluation schedule and the learning-curve PNG.
+The trainer walks the phases one hook call at a time. For each call it splits its key,
+hands the hook ``(state, data, key)`` -- ``data`` holding what the hook reads: outputs of an
+earlier hook of the same cycle, or the algorithm's read-only data -- and keeps the returned
+state, outputs and metrics. Outputs live until the last hook of the cycle that reads them has
+run; they are never checkpointed. After every call it checks its clocks (``log.every``,
+``eval.every``, ``checkpoint.every``, each in any counter) and SIGINT/SIGTERM, so a cycle as
+long as a SimPLe epoch never delays a log line, a checkpoint or a stop. They wait only
+while passed data is pending (between PPO's collect and its update, say), because a
+checkpoint taken then could not resume; a log row then holds the whole iteration.
 
-Metrics stay on the device until a log step, so hooks are dispatched asynchronously and the
-host only waits once per ``log.every_env_steps``. Non-finite losses stop the run at that log
-step with the last good checkpoint untouched.
+It owns, and nothing below it does: the progress bar, TensorBoard and ``metrics.jsonl``
+(x-axis ``log.x_axis``, default env steps), orbax checkpoints (periodic, final, on a
+signal), resumption (to the exact position inside a cycle), the evaluation schedule, early
+phase ends, per-hook timing and the learning-curve PNG.
 
-What is checkpointed: ``{"algo": state, "loop": {"key", scheduler progress}}``. After a
+Metrics stay on the device until a log step, then are fetched in one transfer. Non-finite
+losses stop the run at that log step (or before a checkpoint) with the last good checkpoint
+untouched.
+
+What is checkpointed: the algorithm's state, and as JSON the loop's key and the scheduler
+(counters, per-phase progress, position in the cycle), at step = hook calls so far. After a
 restore the algorithm's ``on_restore`` re-attaches its envs (their episodes restart; envpool
-cannot save its C++ state), and the run continues from the same step with the same
-parameters, optimiser state, RNG key and counters.
+cannot save its C++ state), and the run continues with the same parameters, optimiser state,
+RNG key, counters and next hook.
 """
 
 from __future__ import annotations
@@ -21,19 +31,23 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections import Counter
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from tqdm import tqdm
 
-from jaxwm.config import ConfigError
-from jaxwm.loop.algorithm import Algorithm
-from jaxwm.loop.checkpoint import Checkpointer
-from jaxwm.loop.metrics import MetricWindow, MetricWriter, plot_learning_curve
-from jaxwm.loop.phases import Scheduler, phases_from_config
+from jaxwm.loop.algorithm import EVALUATE, Algorithm
+from jaxwm.loop.checkpoint import Checkpointer, prepare_workdir
+from jaxwm.loop.metrics import MEDIA, MetricWindow, MetricWriter, plot_learning_curve
+from jaxwm.loop.phases import Clock, Scheduler, check_phases, phases_from_config
+
+CHECKPOINT_VERSION = 2
 
 
 class _StopRequested:
-    """Turns SIGINT/SIGTERM into a flag checked between hooks (then save and exit)."""
+    """Turns SIGINT/SIGTERM into a flag checked after every hook call (then save and exit)."""
 
     def __init__(self):
         self.signal = None
@@ -56,38 +70,74 @@ class _StopRequested:
             signal.signal(sig, handler)
 
 
+class HookTimer:
+    """Where the time goes, per hook, without a host sync per call.
+
+    In each log window the first call of every hook is timed between two waits (the queued
+    work drained before it, its results ready after it); later calls are only counted.
+    ``time/<hook>`` is the mean timed seconds per call and ``time/<hook>_fraction`` the share
+    of the window's wall time spent in that hook, estimated as seconds per call x calls (and
+    scaled down together if the estimates add up to more than the window: one timed call is a
+    sample, not a census). A hook's first call ever (trace, compile and run) is reported
+    apart, as ``time/first_call/<hook>``.
+    """
+
+    def __init__(self):
+        self._seen: set[str] = set()
+        self._first: dict[str, float] = {}
+        self._timed = Counter()
+        self._seconds = Counter()
+        self._calls = Counter()
+
+    def wants(self, name: str) -> bool:
+        return name not in self._seen or self._timed[name] == 0
+
+    def record(self, name: str, seconds: float) -> None:
+        if name not in self._seen:
+            self._seen.add(name)
+            self._first[name] = seconds
+        else:
+            self._timed[name] += 1
+            self._seconds[name] += seconds
+
+    def count(self, name: str) -> None:
+        self._calls[name] += 1
+
+    def flush(self, wall_seconds: float) -> dict[str, float]:
+        metrics = {f"time/first_call/{name}": s for name, s in self._first.items()}
+        per_call = {name: self._seconds[name] / timed for name, timed in self._timed.items()
+                    if timed}
+        estimated = {name: seconds * self._calls[name] for name, seconds in per_call.items()}
+        denominator = max(wall_seconds, sum(estimated.values()))
+        for name, seconds in per_call.items():
+            metrics[f"time/{name}"] = seconds
+            metrics[f"time/{name}_fraction"] = estimated[name] / denominator
+        self._first.clear()
+        self._timed.clear()
+        self._seconds.clear()
+        self._calls.clear()
+        return metrics
+
+
 class Trainer:
     def __init__(self, config, algorithm: Algorithm, workdir: str, evaluator=None):
         self.config = config
         self.algorithm = algorithm
         self.workdir = workdir
         self.evaluator = evaluator
-        self.scheduler = Scheduler(phases_from_config(config))
-        self._check_hooks()
-        os.makedirs(workdir, exist_ok=True)
+        phases = phases_from_config(config)
+        check_phases(phases, algorithm, can_evaluate=evaluator is not None)
+        self.clocks = {"log": Clock.parse(config.log.every, "log.every"),
+                       "checkpoint": Clock.parse(config.checkpoint.every, "checkpoint.every"),
+                       "eval": Clock.parse(config.eval.every, "eval.every")}
+        for clock in self.clocks.values():
+            clock.check(algorithm)
+        self.x_axis = config.log.x_axis
+        Clock.parse(f"1 {self.x_axis}", "log.x_axis").check(algorithm)
+        self.scheduler = Scheduler(phases, algorithm)
+        prepare_workdir(workdir)
         self.checkpointer = Checkpointer(workdir, keep=config.checkpoint.keep)
         self.checkpointer.check_can_start(config, resume=config.resume)
-
-    def _check_hooks(self) -> None:
-        for phase in self.scheduler.phases:
-            for name, _ in phase.hooks:
-                if name == "evaluate":
-                    if self.evaluator is None and self.algorithm.policy is None:
-                        raise ConfigError(f"Phase {phase.name!r} asks for 'evaluate' but "
-                                         f"{self.algorithm.name} has no policy to evaluate.")
-                elif name not in self.algorithm.hooks:
-                    raise ConfigError(
-                        f"Phase {phase.name!r} uses hook {name!r}, which {self.algorithm.name} "
-                        f"does not provide (it has: {sorted(self.algorithm.hooks)}).")
-            per_cycle = {
-                "env_steps": sum(self.algorithm.hooks[n].env_steps * r
-                                 for n, r in phase.hooks if n != "evaluate"),
-                "updates": sum(self.algorithm.hooks[n].updates * r
-                               for n, r in phase.hooks if n != "evaluate"),
-            }
-            if phase.unit in per_cycle and per_cycle[phase.unit] == 0:
-                raise ConfigError(f"Phase {phase.name!r} lasts {phase.duration} {phase.unit} but "
-                                 f"none of its hooks {phase.hooks} advance {phase.unit}.")
 
     # ------------------------------------------------------------------ state
 
@@ -100,126 +150,155 @@ class Trainer:
     def _restore_or_init(self):
         state, key = self._initial()
         if self.config.resume and self.checkpointer.latest_step() is not None:
-            template = {"algo": state, "loop": self._loop_tree(key)}
-            restored = self.checkpointer.restore(template)
-            state = self.algorithm.on_restore(restored["algo"])
-            key = restored["loop"]["key"]
-            self.scheduler.load_state_dict(restored["loop"]["scheduler"])
-            tqdm.write(f"Resumed from {self.checkpointer.directory} at env step "
-                       f"{self.scheduler.env_steps}.")
+            state, loop, note = self.checkpointer.restore(state)
+            if note:
+                tqdm.write(note)
+            state = self.algorithm.on_restore(state)
+            key = jnp.asarray(np.asarray(loop["key"], np.uint32))
+            self.scheduler.load_state_dict(loop["scheduler"])
+            tqdm.write(f"Resumed from {self.checkpointer.directory} at step "
+                       f"{self.scheduler.calls} ({self.scheduler.describe()}).")
         return state, key
 
-    def _loop_tree(self, key):
-        return {"key": key, "scheduler": self.scheduler.state_dict()}
-
     def _save(self, state, key, force=False):
-        if self.checkpointer.latest_step() == self.scheduler.env_steps:
+        sched = self.scheduler
+        if self.checkpointer.latest_step() == sched.calls:
             return  # already saved at this step (periodic save coincided with the final one)
-        tree = {"algo": state, "loop": self._loop_tree(key)}
-        self.checkpointer.save(self.scheduler.env_steps, tree, force=force)
+        loop = {"version": CHECKPOINT_VERSION, "key": np.asarray(key).tolist(),
+                "scheduler": sched.state_dict()}
+        self.checkpointer.save(sched.calls, state, loop, force=force)
 
     # ------------------------------------------------------------------ run
 
-    def run(self) -> dict[str, float]:
+    def run(self) -> dict:
         """Trains until every phase is done (or a signal arrives). Returns the last metrics."""
         state, key = self._restore_or_init()
-        sched = self.scheduler
-        tqdm.write(f"{self.algorithm.name} on {self.config.env.id} -> {self.workdir} "
+        sched, algorithm, x_axis = self.scheduler, self.algorithm, self.x_axis
+        tqdm.write(f"{algorithm.name} on {self.config.env.id} -> {self.workdir} "
                    f"(tensorboard --logdir {self.workdir})")
         self.checkpointer.write_config(self.config)
         writer = MetricWriter(self.workdir)
-        window = MetricWindow()
-        log_cfg, ckpt_cfg, eval_cfg = self.config.log, self.config.checkpoint, self.config.eval
-        next_log = sched.env_steps + log_cfg.every_env_steps
-        next_ckpt = sched.env_steps + ckpt_cfg.every_env_steps
-        next_eval = None
-        if eval_cfg.every_env_steps:
-            next_eval = sched.env_steps + eval_cfg.every_env_steps
+        window, timer = MetricWindow(), HookTimer()
+        marks = {name: clock.marks(sched.totals) for name, clock in self.clocks.items()}
+        flow = {}  # outputs of this cycle's hooks that a later hook still reads
         last = {}
-        bar = tqdm(total=sched.total_env_steps_planned(), initial=sched.env_steps,
-                   unit="step", dynamic_ncols=True, mininterval=2.0, disable=not log_cfg.progress)
-        window_start = (time.perf_counter(), sched.env_steps)
-        eval_seconds = 0.0  # excluded from SPS
+        bar = tqdm(total=sched.planned_total(x_axis), initial=sched.totals[x_axis],
+                   unit=x_axis, dynamic_ncols=True, mininterval=2.0,
+                   disable=not self.config.log.progress)
+        window_start = (time.perf_counter(), dict(sched.totals), sched.calls)
+        eval_seconds = 0.0  # excluded from the rates
+
+        def due(clock: str) -> bool:
+            now = self.clocks[clock].marks(sched.totals)
+            fired, marks[clock] = now != marks[clock], now
+            return fired
 
         def check_finite():
             bad = window.nonfinite("losses/")
             if bad:
                 raise FloatingPointError(
-                    f"Non-finite losses {bad} before env step {sched.env_steps}. The last "
+                    f"Non-finite losses {bad} at step {sched.calls} ({sched.describe()}). The last "
                     f"good checkpoint in {self.checkpointer.directory} was kept (this state was "
                     "not saved); lower the learning rate or enable normalisation, then resume.")
 
         def log():
             nonlocal window_start, last, eval_seconds
             # Reading the metrics waits for the hooks that made them: JAX dispatches
-            # asynchronously, and SPS must count finished work, not queued work.
+            # asynchronously, and rates must count finished work, not queued work.
             check_finite()
             metrics = window.flush()
-            now, steps = time.perf_counter(), sched.env_steps
-            sps = (steps - window_start[1]) / max(now - window_start[0] - eval_seconds, 1e-9)
-            window_start, eval_seconds = (now, steps), 0.0
-            metrics["charts/SPS"] = sps
+            now = time.perf_counter()
+            start, start_totals, _ = window_start
+            busy = max(now - start - eval_seconds, 1e-9)
+            for unit in algorithm.counters:
+                name = "charts/SPS" if unit == "env_steps" else f"charts/{unit}_per_s"
+                metrics[name] = (sched.totals[unit] - start_totals[unit]) / busy
+            metrics.update(timer.flush(max(now - start, 1e-9)))
             metrics["charts/phase"] = float(sched.phase_index)
-            writer.write(steps, metrics)
-            last = {**last, **metrics}
-            postfix = {"SPS": f"{sps:,.0f}", "phase": sched.current.name
-                       if not sched.finished else "done"}
-            if "charts/episodic_return" in last:
-                postfix["return"] = f"{last['charts/episodic_return']:.1f}"
-            if "eval/episodic_return" in last:
-                postfix["eval"] = f"{last['eval/episodic_return']:.1f}"
-            bar.set_postfix(postfix, refresh=False)
+            metrics.update({f"counters/{unit}": float(v) for unit, v in sched.totals.items()})
+            writer.write(sched.totals[x_axis], metrics)
+            window_start, eval_seconds = (now, dict(sched.totals), sched.calls), 0.0
+            last = {**last, **{k: v for k, v in metrics.items() if not isinstance(v, MEDIA)}}
+            bar.set_postfix(self._postfix(last, metrics), refresh=False)
 
         def evaluate(state, key):
             nonlocal eval_seconds
             jax.block_until_ready(state)  # queued training work is not evaluation time
             start = time.perf_counter()
-            video = None
-            if eval_cfg.video:
-                video = os.path.join(self.workdir, "videos", f"eval_{sched.env_steps}.gif")
-            window.add(self.evaluator.run(state, key, video))
-            eval_seconds += time.perf_counter() - start
+            window.add(self.evaluator.run(state, key))
+            seconds = time.perf_counter() - start
+            eval_seconds += seconds
+            timer.record(EVALUATE, seconds)
+            timer.count(EVALUATE)
+
+        def call(name, state, key):
+            if name == EVALUATE:
+                evaluate(state, key)
+                return state
+            hook = algorithm.hooks[name]
+            data = {r: flow[r] if r in flow else algorithm.data[r] for r in hook.reads}
+            if timer.wants(name):
+                jax.block_until_ready((state, data))
+                start = time.perf_counter()
+                state, outputs, metrics = hook.fn(state, data, key)
+                jax.block_until_ready((state, outputs, metrics))
+                timer.record(name, time.perf_counter() - start)
+            else:
+                state, outputs, metrics = hook.fn(state, data, key)
+            timer.count(name)
+            if set(outputs) != set(hook.writes):
+                raise RuntimeError(f"{algorithm.name} hook {name!r} returned outputs "
+                                   f"{sorted(outputs)} but declares writes {list(hook.writes)}.")
+            flow.update(outputs)
+            window.add(metrics)
+            return state
 
         try:
             with _StopRequested() as stop:
-                while not sched.finished and stop.signal is None:
-                    phase = sched.begin_cycle()
-                    steps_before = sched.env_steps
-                    for name, repeats in phase.hooks:
-                        for _ in range(repeats):
-                            key, hook_key = jax.random.split(key)
-                            if name == "evaluate":
-                                evaluate(state, hook_key)
-                                continue
-                            hook = self.algorithm.hooks[name]
-                            state, metrics = hook.fn(state, hook_key)
-                            window.add(metrics)
-                            sched.record(hook.env_steps, hook.updates)
-                    sched.end_cycle()
-                    bar.update(sched.env_steps - steps_before)
-                    steps = sched.env_steps
-                    finished = sched.finished
-                    scheduled = next_eval is not None and steps >= next_eval
-                    if self.evaluator is not None and (scheduled or (finished and eval_cfg.at_end)):
+                announced = False
+                while not sched.finished:
+                    index = sched.phase_index
+                    phase, name = sched.next_call()
+                    key, hook_key = jax.random.split(key)
+                    before = sched.totals[x_axis]
+                    state = call(name, state, hook_key)
+                    if sched.record(name) and phase.until and \
+                            bool(algorithm.predicates[phase.until](state)):
+                        sched.end_phase_early(phase)
+                    live = sched.live_inputs()
+                    for pending in [k for k in flow if k not in live]:
+                        del flow[pending]
+                    bar.update(sched.totals[x_axis] - before)
+                    phase_over = sched.cycle is None and sched.phase_index != index
+                    if phase_over:
+                        early = " (ended early: until=" + phase.until + ")" \
+                            if sched.ended_early[phase.name] else ""
+                        tqdm.write(f"Phase {phase.name!r} done at step {sched.calls} "
+                                   f"({sched.describe()}){early}.")
+
+                    if flow:  # passed data in flight: a checkpoint now could not resume
+                        if stop.signal and not announced:
+                            tqdm.write(f"{stop.signal} received: running the hooks that still "
+                                       f"read {sorted(flow)} before saving.")
+                            announced = True
+                        continue
+                    if self.evaluator is not None and (
+                            due("eval") or (sched.finished and self.config.eval.at_end)):
                         key, eval_key = jax.random.split(key)
                         evaluate(state, eval_key)
-                        while next_eval is not None and next_eval <= steps:
-                            next_eval += eval_cfg.every_env_steps
-                    if steps >= next_log or finished:
+                    if due("log") or phase_over:
                         log()
-                        while next_log <= steps:
-                            next_log += log_cfg.every_env_steps
-                    if steps >= next_ckpt:
+                    if due("checkpoint"):
                         check_finite()
                         self._save(state, key)
-                        while next_ckpt <= steps:
-                            next_ckpt += ckpt_cfg.every_env_steps
+                    if stop.signal is not None:
+                        break
 
                 if stop.signal is not None:
-                    tqdm.write(f"{stop.signal} received: saving a checkpoint at env step "
-                               f"{sched.env_steps} and exiting; resume with "
+                    tqdm.write(f"{stop.signal} received: saving a checkpoint at step {sched.calls} "
+                               f"({sched.describe()}) and exiting; resume with "
                                "--config.resume=True.")
-                    if sched.env_steps > window_start[1]:
+                    if sched.calls > window_start[2]:
                         log()  # what ran since the last log step
                 check_finite()
                 self._save(state, key, force=True)
@@ -230,6 +309,27 @@ class Trainer:
             bar.close()
             writer.close()
         png = os.path.join(self.workdir, "learning_curve.png")
-        plot_learning_curve(writer.path, png, f"{self.algorithm.name} on {self.config.env.id}")
+        plot_learning_curve(writer.path, png, f"{algorithm.name} on {self.config.env.id}",
+                            x_axis)
         self.state = state
-        return {**last, "interrupted": stop.signal is not None, "env_steps": sched.env_steps}
+        return {**last, "interrupted": stop.signal is not None, "calls": sched.calls,
+                "counters": dict(sched.totals), **sched.totals}
+
+    def _postfix(self, last: dict, latest: dict) -> dict[str, str]:
+        sched = self.scheduler
+        rate = "charts/SPS" if self.x_axis == "env_steps" else f"charts/{self.x_axis}_per_s"
+        postfix = {}
+        if rate in last:
+            postfix["SPS" if self.x_axis == "env_steps" else f"{self.x_axis}/s"] = \
+                f"{last[rate]:,.0f}"
+        postfix["phase"] = sched.current.name if not sched.finished else "done"
+        if "charts/episodic_return" in last:
+            postfix["return"] = f"{last['charts/episodic_return']:.1f}"
+        if "eval/episodic_return" in last:
+            postfix["eval"] = f"{last['eval/episodic_return']:.1f}"
+        shares = sorted(((v, k[len("time/"):-len("_fraction")]) for k, v in latest.items()
+                         if k.startswith("time/") and k.endswith("_fraction")), reverse=True)
+        if shares:
+            postfix["time"] = " ".join(f"{name} {share:.0%}" for share, name in shares)
+        return postfix
+
