@@ -15,7 +15,7 @@ def ppo_block(**overrides) -> ml_collections.ConfigDict:
     p = ml_collections.ConfigDict()
     p.num_steps = 128
     p.learning_rate = 2.5e-4
-    p.anneal_lr = True  # linearly to 0 over anneal_env_steps (below: total_env_steps)
+    p.anneal_lr = True  # linearly to 0 over anneal_env_steps (set in get_config)
     p.gamma = 0.99
     p.gae_lambda = 0.95
     p.num_minibatches = 4
@@ -95,9 +95,10 @@ def get_config(variant: str = "cartpole") -> ml_collections.ConfigDict:
         c.ppo = ppo_block(learning_rate=2.5e-4)
         c.network = network_block(encoder="grid_cnn", separate_critic=False)
         c.log.every = "20480 env_steps"
-    # A derived reference: it follows total_env_steps unless set, and setting it leaves
-    # total_env_steps alone. Pin it to extend a finished run with the same schedule.
-    c.ppo.anneal_env_steps = c.get_ref("total_env_steps") * 1
+    # The annealing horizon: total_env_steps when anneal_lr is set (0 otherwise), fixed when
+    # the run starts. A derived reference: it follows both until set, and setting it leaves
+    # them alone; a resume refuses a change (the rate would jump), see jaxwm/algos/ppo.py.
+    c.ppo.anneal_env_steps = c.get_ref("total_env_steps") * c.ppo.get_ref("anneal_lr")
     c.phases.train = dict(unit="env_steps", duration=c.get_ref("total_env_steps"),
                           hooks=("collect", "update_agent"))
     c.lock()

@@ -67,6 +67,11 @@ def validate_common(c: ml_collections.ConfigDict) -> None:
     _require(c.eval.temperature >= 0, f"eval.temperature must be >= 0 (0: greedy), got "
              f"{c.eval.temperature}.")
     _require(c.num_devices >= 0, "num_devices must be >= 0 (0: all devices).")
+    from jaxwm.loop.phases import Clock  # the loop imports this module
+
+    for name in ("log.every", "checkpoint.every", "eval.every"):  # their units: by the loop
+        section, field = name.split(".")
+        Clock.parse(c[section][field], name)
 
 
 def load(spec: str, overrides: dict | None = None) -> ml_collections.ConfigDict:

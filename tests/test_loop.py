@@ -41,7 +41,7 @@ def toy_config(**phase_overrides):
     return c
 
 
-def toy_algorithm(calls=None, interrupt_at=None, nan_at=None, width=3):
+def toy_algorithm(calls=None, interrupt_at=None, nan_at=None, fail_at=None, width=3):
     """Deterministic given keys. ``collect`` draws noise and passes it on as ``batch``;
     ``update_agent`` folds the batch in and shrinks. Records the call order."""
     calls = [] if calls is None else calls
@@ -50,6 +50,8 @@ def toy_algorithm(calls=None, interrupt_at=None, nan_at=None, width=3):
         calls.append("collect")
         if interrupt_at is not None and len(calls) == interrupt_at:
             os.kill(os.getpid(), signal.SIGINT)
+        if fail_at is not None and len(calls) == fail_at:
+            raise RuntimeError("a crash")
         noise = jax.random.normal(key, state["w"].shape)
         w = state["w"] + noise
         return ({"w": w, "n": state["n"] + 1}, {"batch": noise},
@@ -82,14 +84,17 @@ def updates_only_algorithm(calls=None, interrupt_at=None, width=3):
             calls.append(name)
             if interrupt_at is not None and len(calls) == interrupt_at:
                 os.kill(os.getpid(), signal.SIGTERM)
-            w = scale * state["w"] + jax.random.normal(key, state["w"].shape)
-            return ({"w": w, "n": state["n"] + 1}, {},
+            rng, noise_key = jax.random.split(state["rng"])
+            w = scale * state["w"] + jax.random.normal(key, state["w"].shape) \
+                + 0.1 * jax.random.normal(noise_key, state["w"].shape)
+            return ({"w": w, "n": state["n"] + 1, "rng": rng}, {},
                     {f"losses/{name}": jnp.sum(w ** 2)})
         return fn
 
     return Algorithm(
         name="offline-toy",
-        init=lambda key: {"w": jax.random.normal(key, (width,)), "n": jnp.zeros((), jnp.int32)},
+        init=lambda key: {"w": jax.random.normal(key, (width,)), "n": jnp.zeros((), jnp.int32),
+                          "rng": jax.random.key(7)},  # a typed key in the checkpointed state
         hooks={"update_model": Hook(make("update_model", 0.5), counts={"model_updates": 1}),
                "update_agent": Hook(make("update_agent", 0.7), counts={"agent_updates": 1})},
         predicates={"n_at_least_4": lambda state: state["n"] >= 4},
@@ -128,16 +133,23 @@ def test_scheduler_walks_phases_and_keeps_its_position():
         sched.record(hook)
         if len(order) == 3:  # inside the first train cycle: a copy resumes at the same position
             saved = sched.state_dict()
-            assert saved["cycle"] == {"phase": "train", "position": 1}
+            assert saved["cycle"] == {"phase": "train", "position": 1, "done": ["collect"]}
             assert sched.live_inputs() == {"batch"}
     assert order == [("warmup", "collect")] * 2 + [("train", "collect"), ("train", "update_agent"),
                                                    ("train", "update_agent")] * 3
     assert sched.totals == {"env_steps": 50, "agent_updates": 6, "iterations": 5}
     assert sched.calls == 11
-    copy = Scheduler(phases_from_config(toy_config()), toy_algorithm())
-    copy.load_state_dict(saved)
-    assert copy.next_call()[1] == "update_agent" and copy.calls == 3
-    assert copy.planned_total("env_steps") == 50
+    # The trainer never saves there: the rest of the cycle reads the collect's batch.
+    with pytest.raises(ConfigError, match=r"reads \['batch'\], written before the stop"):
+        Scheduler(phases_from_config(toy_config()), toy_algorithm()).load_state_dict(saved)
+    # Where nothing is passed, a copy continues mid-cycle at the same position.
+    offline = Scheduler(phases_from_config(offline_config()), updates_only_algorithm())
+    for _ in range(4):
+        offline.record(offline.next_call()[1])
+    copy = Scheduler(phases_from_config(offline_config()), updates_only_algorithm())
+    copy.load_state_dict(offline.state_dict())
+    assert copy.cycle == (0, 1) and copy.calls == 4 and copy.totals["model_updates"] == 4
+    assert copy.planned_total("model_updates") == 12 and copy.planned_total("agent_updates") == 10
     # Lengthening a finished phase (a resumed run with a bigger budget) reopens it.
     sched.phases[1] = phases_from_config(toy_config(
         train=dict(unit="iterations", duration=4, hooks=("collect", "update_agent:2"))))[1]
@@ -254,6 +266,8 @@ def test_offline_phases_log_checkpoint_and_stop_mid_cycle_then_resume_exactly(tm
         (5, 0), (10, 0), (12, 0), (12, 5), (12, 10)]
     assert [r["step"] for r in rows] == [1, 3, 4, 9, 14]
     assert "charts/model_updates_per_s" in rows[0] and "charts/SPS" not in rows[0]
+    # A rate only where its counter moved in the window (not a misleading 0).
+    assert "charts/agent_updates_per_s" in rows[3] and "charts/model_updates_per_s" not in rows[3]
     # Periodic checkpoints in an offline phase (every 4 updates; step = hook calls).
     assert steps_of(tmp_path / "a" / "checkpoints") == [4, 8, 12, 16, 20, 22]
 
@@ -272,6 +286,86 @@ def test_offline_phases_log_checkpoint_and_stop_mid_cycle_then_resume_exactly(tm
     np.testing.assert_array_equal(resumed.state["w"], straight.state["w"])
 
 
+def test_resume_continues_a_cycle_only_with_the_hooks_it_began_with(tmp_path):
+    Trainer(offline_config(), updates_only_algorithm(interrupt_at=5), str(tmp_path)).run()
+    before = steps_of(tmp_path / "checkpoints")
+    config = offline_config(models=dict(unit="model_updates", duration=12,
+                                        hooks=("update_agent", "update_model:3")))
+    config.resume = True
+    with pytest.raises(ConfigError, match=r"after \['update_model', 'update_model'\].*would "
+                                          r"have begun \['update_agent', 'update_model'\]"):
+        Trainer(config, updates_only_algorithm(), str(tmp_path)).run()
+    assert steps_of(tmp_path / "checkpoints") == before
+    # Hooks appended after the saved position are fine: the cycle goes on with them.
+    config = offline_config(models=dict(unit="model_updates", duration=12,
+                                        hooks=("update_model:3", "update_agent")))
+    config.resume = True
+    calls = []
+    Trainer(config, updates_only_algorithm(calls), str(tmp_path)).run()
+    assert calls[:2] == ["update_model", "update_agent"]
+
+
+def test_a_phase_the_run_has_moved_past_does_not_reopen(tmp_path):
+    Trainer(offline_config(), updates_only_algorithm(), str(tmp_path)).run()
+    config = offline_config(models=dict(unit="model_updates", duration=30, hooks=("update_model:3",)),
+                            agent=dict(unit="agent_updates", duration=12, hooks=("update_agent",)))
+    config.resume = True
+    calls = []
+    summary = Trainer(config, updates_only_algorithm(calls), str(tmp_path)).run()
+    assert calls == ["update_agent"] * 2 and summary["model_updates"] == 12
+
+
+def test_a_signal_during_the_last_call_still_finishes_the_run(tmp_path):
+    summary = Trainer(offline_config(), updates_only_algorithm(interrupt_at=22),
+                      str(tmp_path)).run()
+    assert not summary["interrupted"] and summary["agent_updates"] == 10
+
+
+def test_a_stop_does_not_wait_for_a_due_evaluation(tmp_path):
+    runs = []
+
+    class CountingEvaluator:
+        def run(self, state, key):
+            runs.append(1)
+            return {}
+
+    config = toy_config()
+    config.eval.every = "10 env_steps"
+    config.eval.at_end = True
+    trainer = Trainer(config, toy_algorithm(interrupt_at=1), str(tmp_path),
+                      evaluator=CountingEvaluator())
+    assert trainer.run()["interrupted"] and runs == []
+
+
+def test_rows_logged_after_the_last_checkpoint_are_not_repeated_on_resume(tmp_path):
+    config = toy_config()
+    config.checkpoint.every = "30 env_steps"
+    with pytest.raises(RuntimeError, match="a crash"):  # at call 9, after the row at step 40
+        Trainer(config, toy_algorithm(fail_at=9), str(tmp_path)).run()
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [10, 20, 30, 40]
+    config.resume = True
+    Trainer(config, toy_algorithm(), str(tmp_path)).run()  # from the checkpoint at step 30
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [10, 20, 30, 40, 50]
+
+
+def test_unreadable_config_json_and_old_checkpoints_are_one_line_errors(tmp_path):
+    Trainer(toy_config(), toy_algorithm(), str(tmp_path / "a")).run()
+    with open(tmp_path / "a" / "config.json", "r+") as f:
+        f.truncate(20)
+    config = toy_config()
+    config.resume = True
+    with pytest.raises(IncompatibleCheckpointError, match="Cannot read .*config.json"):
+        Trainer(config, toy_algorithm(), str(tmp_path / "a"))
+
+    import orbax.checkpoint as ocp  # a checkpoint in the first layout: one unnamed pytree
+
+    manager = ocp.CheckpointManager(str(tmp_path / "b" / "checkpoints"))
+    manager.save(50, args=ocp.args.StandardSave({"w": jnp.zeros(3)}))
+    manager.wait_until_finished()
+    with pytest.raises(IncompatibleCheckpointError, match="written by an older jaxwm"):
+        Trainer(config, toy_algorithm(), str(tmp_path / "b")).run()
+
+
 def test_phase_ends_early_when_the_algorithm_says_so_and_stays_ended(tmp_path):
     config = offline_config(models=dict(unit="model_updates", duration=300,
                                         hooks=("update_model:3",), until="n_at_least_4"))
@@ -285,7 +379,7 @@ def test_phase_ends_early_when_the_algorithm_says_so_and_stays_ended(tmp_path):
     assert again["model_updates"] == 6 and len(calls) == 16  # the ended phase did not reopen
 
 
-def test_unreadable_latest_checkpoint_falls_back_and_is_kept(tmp_path, capsys):
+def test_unreadable_latest_checkpoints_fall_back_and_are_kept(tmp_path, capsys):
     straight = Trainer(offline_config(), updates_only_algorithm(), str(tmp_path / "a"))
     straight.run()
 
@@ -296,13 +390,15 @@ def test_unreadable_latest_checkpoint_falls_back_and_is_kept(tmp_path, capsys):
     for data_file in glob.glob(str(checkpoints / "13" / "algo" / "**" / "d" / "*"), recursive=True):
         with open(data_file, "r+b") as f:
             f.truncate(3)  # as a disk filling up mid-write would leave it
+    os.remove(checkpoints / "12" / "algo" / "_METADATA")  # as an interrupted copy would leave it
     config = offline_config()
     config.resume = True
     resumed = Trainer(config, updates_only_algorithm(), str(tmp_path / "b"))
     resumed.run()
     out = capsys.readouterr().out
-    assert "13 (" in out and "could not be read" in out and "step 12" in out
-    assert os.listdir(tmp_path / "b" / "unreadable_checkpoints") == ["13"]  # kept, not deleted
+    assert "13 (" in out and "12 (" in out and "could not be read" in out and "step 8" in out
+    # Kept, not deleted; and out of the way of the resumed run's own checkpoints 12 and 13.
+    assert sorted(os.listdir(tmp_path / "b" / "unreadable_checkpoints")) == ["12", "13"]
     np.testing.assert_array_equal(resumed.state["w"], straight.state["w"])
 
 

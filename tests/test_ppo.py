@@ -51,7 +51,8 @@ def test_resume_gives_the_identical_next_update(tmp_path):
 
     config.resume = True
     second = Trainer(config, ppo_algo.build(config), str(tmp_path))
-    restored, key = second._restore_or_init()
+    restored, key, resumed = second._restore_or_init()
+    assert resumed
     assert second.scheduler.totals["env_steps"] == 1024
     jax.tree.map(np.testing.assert_array_equal, restored.learner, first.state.learner)
 
@@ -185,7 +186,19 @@ def test_cli_rejects_typos_unknown_envs_and_bad_sizes(tmp_path):
     assert variant.returncode == 2 and "cartpole" in variant.stderr
     missing = cli("--config=configs/nope.py", f"--workdir={workdir}")
     assert missing.returncode == 2 and "No such file" in missing.stderr
-    for result in (typo, unknown, sizes, variant, missing):
+    unit = cli("--config=configs/ppo.py:cartpole", "--config.phases.train.unit=steps",
+               f"--workdir={workdir}")
+    assert unit.returncode == 1 and "no hook of PPO counts 'steps'" in unit.stderr
+    hook = cli("--config=configs/ppo.py:cartpole", "--config.phases.train.hooks=('colect',)",
+               f"--workdir={workdir}")
+    assert hook.returncode == 1 and "Did you mean 'collect'?" in hook.stderr
+    cold = cli("--config=configs/ppo.py:cartpole", "--config.eval.temperature=-1",
+               f"--workdir={workdir}")
+    assert cold.returncode == 1 and "eval.temperature must be >= 0" in cold.stderr
+    clock = cli("--config=configs/ppo.py:cartpole", "--config.log.every=5000",
+                f"--workdir={workdir}")
+    assert clock.returncode == 1 and "write 'N unit'" in clock.stderr
+    for result in (typo, unknown, sizes, variant, missing, unit, hook, cold, clock):
         assert "Traceback" not in result.stderr, result.stderr[-2000:]
     assert not os.path.exists(workdir)
 
@@ -199,19 +212,26 @@ def test_cli_trains_then_resumes_from_the_saved_step(tmp_path):
     assert first.returncode == 0, first.stderr[-2000:]
     again = cli(*common, "--config.total_env_steps=1024")
     assert again.returncode == 1 and "resume=True" in again.stderr
-    # A bigger budget would stretch the annealed learning rate (it would jump back up).
+    # A bigger budget would stretch the annealed learning rate (it would jump back up), and
+    # keeping the schedule would leave the rate at 0 for the added steps: both refused.
     longer = cli(*common, "--config.total_env_steps=2048", "--config.resume=True")
     assert longer.returncode == 1 and "ppo.anneal_env_steps: saved 1024, now 2048" in longer.stderr
-    resumed = cli(*common, "--config.total_env_steps=2048", "--config.resume=True",
-                  "--config.ppo.anneal_env_steps=1024")
+    pinned = cli(*common, "--config.total_env_steps=2048", "--config.resume=True",
+                 "--config.ppo.anneal_env_steps=1024")
+    assert pinned.returncode == 1 and "would be 0 for the last 1024 steps" in pinned.stderr
+    # Without annealing a finished run extends.
+    workdir = str(tmp_path / "constant")
+    common = [*common[:1], f"--workdir={workdir}", *common[2:], "--config.ppo.anneal_lr=False"]
+    first = cli(*common, "--config.total_env_steps=1024")
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = cli(*common, "--config.total_env_steps=2048", "--config.resume=True")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "Resumed" in resumed.stderr + resumed.stdout
     rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
     assert [r["step"] for r in rows] == [512, 1024, 1536, 2048]
-    rates = [r["charts/learning_rate"] for r in rows]
-    assert rates[2] <= rates[1] and rates[3] <= rates[1]  # annealed, never back up
+    assert all(r["charts/learning_rate"] == pytest.approx(1e-3) for r in rows)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints")), key=int)[-1] == "8"
-    for result in (again, longer):
+    for result in (again, longer, pinned):
         assert "Traceback" not in result.stderr
 
 

@@ -219,6 +219,8 @@ def build(config) -> Algorithm:
                                  counts={"agent_updates": 1}),
         },
         policy=Policy(init_carry=lambda state, n: (), act=act),
-        on_restore=lambda state: state.replace(actor=fresh_actor()),
+        # The actor's state belongs to the live envs, which restart on resume.
+        persistent=lambda state: state.replace(actor=None),
+        on_restore=lambda fresh, saved: saved.replace(actor=fresh.actor),
         close=env.close,
     )

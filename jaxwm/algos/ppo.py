@@ -2,7 +2,8 @@
 
 ``collect`` runs the whole rollout as one jitted ``lax.scan`` carrying envpool's XLA handle
 and passes the rollout to ``update_agent`` through the loop (``writes=("rollout",)``); the
-rollout is never part of the checkpointed state, which is ``PPOState(learner, actor)``.
+rollout is never part of the state, ``PPOState(learner, actor)``, of which checkpoints hold
+the learner (the actor's per-env state belongs to the envs, which restart on resume).
 ``update_agent`` runs epochs x minibatches in one jitted call. Both donate what they change
 (the actor's per-env state; the learner), so nothing is copied per iteration.
 
@@ -12,10 +13,13 @@ replicated over the mesh once, at ``init``; ``collect`` reads the replica alread
 device (no transfer), and only the rollout moves, sharded over the ``data`` axis for the
 update (``jaxwm.parallel``), plus the small observation/return statistics ``collect`` updates.
 
-The learning rate anneals over ``ppo.anneal_env_steps`` (by default the run's
-``total_env_steps``, fixed when the run starts), so extending a finished run with a larger
-``total_env_steps`` cannot make the annealed rate jump back up: the resume is refused unless
-``ppo.anneal_env_steps`` is pinned to its saved value (``jaxwm.loop.checkpoint``).
+The learning rate anneals to 0 over ``ppo.anneal_env_steps`` (by default the run's
+``total_env_steps``, fixed when the run starts), never over the budget of a resumed run: a
+resume with another ``total_env_steps`` is refused where that would move the schedule (the
+saved config differs in ``ppo.anneal_env_steps``, ``jaxwm.loop.checkpoint``) unless the key is
+pinned to its saved value, and pinning it below ``total_env_steps`` is refused too (the rate
+would sit at 0). So an annealed run can be shortened or resumed, not extended; with
+``anneal_lr=False`` the key is 0 and any extension is allowed.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ class PPOState:
 
 
 def anneal_iterations(config) -> int:
-    """Iterations over which the learning rate anneals."""
+    """Iterations over which the learning rate anneals (if it does)."""
     return max(1, math.ceil(config.ppo.anneal_env_steps /
                             (config.env.num_envs * config.ppo.num_steps)))
 
@@ -58,8 +62,13 @@ def validate(config) -> None:
         "env.num_envs * ppo.num_steps"
     if p.num_steps <= 0 or p.num_minibatches <= 0 or p.update_epochs <= 0:
         raise ConfigError("ppo.num_steps, ppo.num_minibatches and ppo.update_epochs must be > 0.")
-    if p.anneal_env_steps <= 0:
-        raise ConfigError(f"ppo.anneal_env_steps must be > 0, got {p.anneal_env_steps}.")
+    if p.anneal_lr and p.anneal_env_steps < config.total_env_steps:
+        raise ConfigError(
+            f"ppo.anneal_env_steps={p.anneal_env_steps} < total_env_steps="
+            f"{config.total_env_steps}: the annealed learning rate would be 0 for the last "
+            f"{config.total_env_steps - p.anneal_env_steps} steps, which would learn nothing. "
+            "An annealed run cannot be extended past its schedule: start a new run with the "
+            "longer total_env_steps (or use ppo.anneal_lr=False for runs you mean to extend).")
     if sequences % p.num_minibatches:
         raise ConfigError(f"ppo.num_minibatches={p.num_minibatches} must divide {what} = "
                           f"{sequences}.")
@@ -142,9 +151,6 @@ def build(config) -> Algorithm:
         carry, dist, _ = network.apply(learner.params, carry, obs[:, None], is_first[:, None])
         return carry, sample_at_temperature(dist, key, temperature)[:, 0]
 
-    def on_restore(state):
-        return state.replace(actor=fresh_actor())
-
     return Algorithm(
         name="PPO",
         init=init,
@@ -155,6 +161,8 @@ def build(config) -> Algorithm:
                 "agent_updates": hyper.update_epochs * hyper.num_minibatches}),
         },
         policy=Policy(init_carry=lambda state, n: network.initialize_carry(n), act=act),
-        on_restore=on_restore,
+        # The actor's state belongs to the live envs, which restart on resume.
+        persistent=lambda state: state.learner,
+        on_restore=lambda fresh, learner: fresh.replace(learner=learner),
         close=env.close,
     )

@@ -2,8 +2,8 @@
 
 An algorithm is a frozen bundle of functions. The loop knows nothing else about it:
 
-* ``init(key) -> state``: everything resume needs (parameters, optimiser, replay, per-env
-  actor state, RNG-free counters), one pytree. The loop checkpoints exactly this.
+* ``init(key) -> state``: the whole training state (parameters, optimiser, replay, per-env
+  actor state, the algorithm's own counters), one pytree.
 * ``hooks[name] = Hook(fn, counts, reads, writes)``, with names the algorithm chooses.
   ``fn(state, data, key) -> (state, outputs, metrics)`` is normally a jitted pure function
   that donates ``state``. ``counts`` says what one call advances in named counters
@@ -20,9 +20,12 @@ An algorithm is a frozen bundle of functions. The loop knows nothing else about 
   (``until=name``: ensemble early stopping, a density model's patience); read on the host
   once per cycle of such a phase.
 * ``policy``: what the evaluator needs to act in a separate env pool.
-* ``on_restore(state) -> state``: re-attaches host resources after a checkpoint is loaded
-  (envpool's C++ env state cannot be saved, so envs restart their episodes; everything in
-  ``state`` continues exactly).
+* ``persistent(state)``: the part of the state a checkpoint holds (default: all of it). State
+  tied to live envs (per-env observations, recurrent carries, episode statistics) is left
+  out: envpool's C++ env state cannot be saved, so envs restart their episodes on resume.
+* ``on_restore(fresh, saved) -> state``: the state to continue from, given a freshly
+  initialised one (its envs just reset) and the restored ``persistent`` part (default: the
+  saved part itself). Everything saved continues exactly.
 
 Hook names are free. RL Lab's conventional ones, used by the configs in this repository, are
 ``collect``, ``update_model``, ``update_agent`` and ``imagine``; ``evaluate`` is reserved for
@@ -93,7 +96,8 @@ class Algorithm:
     policy: Policy | None = None
     data: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     predicates: Mapping[str, Callable[[Any], Any]] = dataclasses.field(default_factory=dict)
-    on_restore: Callable[[Any], Any] = lambda state: state
+    persistent: Callable[[Any], Any] = lambda state: state
+    on_restore: Callable[[Any, Any], Any] = lambda fresh, saved: saved
     close: Callable[[], None] = lambda: None
 
     def __post_init__(self):

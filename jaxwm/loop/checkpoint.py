@@ -31,6 +31,9 @@ import orbax.checkpoint as ocp
 
 from jaxwm.config import ConfigError
 
+# Version of the checkpoint's layout ("algo" pytree + "loop" JSON), stored in "loop".
+LAYOUT_VERSION = 2
+
 # Settings that may change between a run and its resumption.
 RESUMABLE_KEYS = ("resume", "checkpoint", "eval", "log", "total_env_steps", "phases")
 
@@ -86,12 +89,39 @@ def _key_name(key) -> str:
     return str(key)
 
 
+def _signature(leaf) -> tuple:
+    """(shape, dtype) as a checkpoint stores it: typed PRNG keys as their key data, Python
+    scalars as 0-d arrays."""
+    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        leaf = jax.random.key_data(leaf)
+    if not hasattr(leaf, "dtype"):
+        leaf = np.asarray(leaf)
+    return tuple(leaf.shape), np.dtype(leaf.dtype).name
+
+
 def _shapes(tree) -> dict[str, tuple]:
     """``{path: (shape, dtype)}`` of a pytree of arrays or of orbax's metadata of one (which
     stores dataclass fields and tuple items as dict entries, hence names, not key types)."""
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    return {"/".join(_key_name(k) for k in path): (tuple(leaf.shape), np.dtype(leaf.dtype).name)
-            for path, leaf in flat}
+    return {"/".join(_key_name(k) for k in path): _signature(leaf) for path, leaf in flat}
+
+
+class _Damaged(Exception):
+    pass
+
+
+# How tensorstore and the JSON reader word a damaged file (truncated, corrupted or missing).
+# Any other failure (a transient I/O error, say) stops the resume rather than roll back.
+_DAMAGE_MARKERS = ("DATA_LOSS", "OUT_OF_RANGE", "NOT_FOUND", "INVALID_ARGUMENT")
+
+
+def _is_damage(error: Exception) -> bool:
+    return isinstance(error, (_Damaged, json.JSONDecodeError, FileNotFoundError)) or \
+        any(marker in str(error) for marker in _DAMAGE_MARKERS)
+
+
+def _first_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]}"
 
 
 class Checkpointer:
@@ -120,8 +150,14 @@ class Checkpointer:
                 "Pass --config.resume=True to continue that run, or choose another --workdir; "
                 "nothing was changed.")
         if has_checkpoint and os.path.exists(self.config_path):
-            with open(self.config_path) as f:
-                saved = json.load(f)
+            try:
+                with open(self.config_path) as f:
+                    saved = json.load(f)
+            except (OSError, ValueError) as e:
+                raise IncompatibleCheckpointError(
+                    f"Cannot read {self.config_path} ({_first_line(e)}), so this config cannot be "
+                    "compared with the run's; remove the file to resume without the comparison, "
+                    "or start a new run in another --workdir; nothing was changed.") from None
             diffs = config_differences(saved, config_to_json_dict(config))
             if diffs:
                 raise IncompatibleCheckpointError(
@@ -132,27 +168,44 @@ class Checkpointer:
                     "another --workdir; nothing was changed.")
 
     def write_config(self, config) -> None:
-        with open(self.config_path, "w") as f:
+        """Writes ``config.json`` atomically (a crash mid-write leaves the old one)."""
+        temporary = self.config_path + ".tmp"
+        with open(temporary, "w") as f:
             f.write(config.to_json_best_effort(indent=2))
+        os.replace(temporary, self.config_path)
 
     def save(self, step: int, state, loop: dict, force: bool = False) -> None:
         """Saves asynchronously; the device arrays are copied before this returns, so the
         caller may donate ``state`` to its next jitted call right away."""
+        loop = {"layout": LAYOUT_VERSION, **loop}
         args = ocp.args.Composite(algo=ocp.args.StandardSave(state), loop=ocp.args.JsonSave(loop))
         self._manager.save(step, args=args, force=force)
 
-    def restore(self, template) -> tuple[object, dict, str | None]:
+    def restore(self, template) -> tuple[object, dict, int, list]:
         """Restores the newest readable checkpoint into the structure (and shardings) of
-        ``template``. Returns ``(state, loop, note)``; ``note`` says which checkpoints were
-        unreadable and where they were moved (None if the latest was read)."""
-        expected = _shapes(template)
+        ``template``: ``(state, loop, step, unreadable)``, where ``unreadable`` lists the newer
+        checkpoints found damaged as ``(step, error)``. Nothing is moved here: the caller
+        calls ``set_aside(unreadable)`` once it has accepted the restored state."""
+        try:
+            expected = _shapes(template)
+        except (TypeError, ValueError) as e:
+            raise IncompatibleCheckpointError(f"The state holds a leaf a checkpoint cannot compare "
+                                              f"({_first_line(e)}).") from None
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
         unreadable = []
         for step in sorted(self._manager.all_steps(), reverse=True):
+            if not os.path.isdir(os.path.join(self.directory, str(step), "algo")):
+                raise IncompatibleCheckpointError(
+                    f"Checkpoint {self.directory}/{step} was written by an older jaxwm (before "
+                    f"checkpoint layout {LAYOUT_VERSION}); resume it with that version, or start "
+                    "a new run in another --workdir; nothing was changed.")
             try:
-                saved = _shapes(self._manager.item_metadata(step)["algo"])
-            except Exception as e:  # noqa: BLE001 -- any failure to read is "unreadable"
-                unreadable.append((step, e))
+                metadata = self._manager.item_metadata(step)["algo"]
+                if metadata is None:
+                    raise _Damaged("its metadata (algo/_METADATA) is missing")
+                saved = _shapes(metadata)
+            except Exception as e:  # noqa: BLE001 -- classified just below
+                unreadable.append((step, self._damage_or_raise(step, e)))
                 continue
             if saved != expected:
                 self._refuse_mismatch(step, saved, expected)
@@ -160,13 +213,26 @@ class Checkpointer:
                 restored = self._manager.restore(step, args=ocp.args.Composite(
                     algo=ocp.args.StandardRestore(abstract), loop=ocp.args.JsonRestore()))
             except Exception as e:  # noqa: BLE001
-                unreadable.append((step, e))
+                unreadable.append((step, self._damage_or_raise(step, e)))
                 continue
-            return restored["algo"], restored["loop"], self._set_aside(unreadable, step)
+            loop = restored["loop"]
+            if loop.get("layout") != LAYOUT_VERSION:
+                raise IncompatibleCheckpointError(
+                    f"Checkpoint {self.directory}/{step} has loop layout {loop.get('layout')}, this "
+                    f"jaxwm reads {LAYOUT_VERSION}; nothing was changed.")
+            return restored["algo"], loop, step, unreadable
         raise IncompatibleCheckpointError(
             f"No checkpoint in {self.directory} can be read: " + "; ".join(
-                f"{step}: {type(e).__name__}: {str(e)[:200]}" for step, e in unreadable) +
+                f"{step}: {_first_line(e)}" for step, e in unreadable) +
             ". Nothing was changed; start a new run in another --workdir.")
+
+    def _damage_or_raise(self, step: int, error: Exception) -> Exception:
+        if not _is_damage(error):
+            raise IncompatibleCheckpointError(
+                f"Could not read checkpoint {self.directory}/{step} ({_first_line(error)}). It "
+                "does not look damaged, so nothing was moved or changed; retry the resume.") \
+                from error
+        return error
 
     def _refuse_mismatch(self, step: int, saved: dict, expected: dict) -> None:
         diffs = [f"{path}: saved {saved.get(path, '<absent>')}, now {expected.get(path, '<absent>')}"
@@ -177,7 +243,9 @@ class Checkpointer:
             f"({len(diffs)} differences; {'; '.join(diffs[:3])}). It was left untouched; resume "
             "with the config it was written with, or use another --workdir.")
 
-    def _set_aside(self, unreadable, restored_step: int) -> str | None:
+    def set_aside(self, unreadable, restored_step: int) -> str | None:
+        """Moves the unreadable checkpoints to ``unreadable_checkpoints/`` (never deletes them,
+        and frees their steps for the resumed run); returns what to tell the user."""
         if not unreadable:
             return None
         self._manager.close()
@@ -186,8 +254,7 @@ class Checkpointer:
             shutil.move(os.path.join(self.directory, str(step)),
                         os.path.join(self.quarantine, str(step)))
         self._manager = self._open()
-        reasons = "; ".join(f"{step} ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
-                            for step, e in unreadable)
+        reasons = "; ".join(f"{step} ({_first_line(e)})" for step, e in unreadable)
         return (f"Checkpoint(s) {reasons} could not be read; moved to {self.quarantine} (not "
                 f"deleted) and resumed from the newest readable one, step {restored_step}.")
 

@@ -71,7 +71,10 @@ class MetricWindow:
 
     def add(self, metrics) -> None:
         for name, value in metrics.items():
-            self._values[name].append(value)
+            if isinstance(value, (Video, Image)):
+                self._values[name] = [value]  # only the last is written: hold no others
+            else:
+                self._values[name].append(value)
         self._on_host = self._on_host and not metrics
 
     def _fetch(self) -> None:
@@ -125,12 +128,29 @@ def gif_bytes(frames, fps: int) -> bytes:
 
 
 class MetricWriter:
-    def __init__(self, workdir: str):
+    """Writes log rows to TensorBoard and ``metrics.jsonl``.
+
+    ``resumed_at`` (the counters of the checkpoint a run resumed from) drops the rows logged
+    after that checkpoint, which the resumed run logs again: from ``metrics.jsonl`` directly,
+    from TensorBoard by ``purge_step`` on the x-axis.
+    """
+
+    def __init__(self, workdir: str, resumed_at: dict | None = None, x_axis: str = "env_steps"):
         from tensorboardX import SummaryWriter
 
         self.workdir = workdir
         self.path = os.path.join(workdir, "metrics.jsonl")
-        self._tb = SummaryWriter(workdir)
+        purge_step = None
+        if resumed_at is not None:
+            purge_step = resumed_at[x_axis] + 1
+            if os.path.exists(self.path):
+                kept = [row for row in read_jsonl(self.path)
+                        if all(row.get(f"counters/{unit}", 0) <= value
+                               for unit, value in resumed_at.items())]
+                with open(self.path + ".tmp", "w") as f:
+                    f.writelines(json.dumps(row) + "\n" for row in kept)
+                os.replace(self.path + ".tmp", self.path)
+        self._tb = SummaryWriter(workdir, purge_step=purge_step)
         self._jsonl = open(self.path, "a")
 
     def _media_path(self, kind: str, name: str, step: int, ext: str) -> str:

@@ -51,6 +51,13 @@ class Phase:
             position -= repeats
         raise IndexError(f"Phase {self.name!r} has {self.cycle_length} calls per cycle.")
 
+    def calls_before(self, position: int) -> list[str]:
+        """The hooks of a cycle's first ``position`` calls, in order."""
+        out = []
+        for name, repeats in self.hooks:
+            out.extend([name] * max(0, min(repeats, position - len(out))))
+        return out
+
     def calls_from(self, position: int) -> list[tuple[str, int]]:
         """The calls of a cycle from ``position`` on, as (hook name, calls) runs."""
         out, start = [], 0
@@ -162,9 +169,11 @@ def counts_of(runs, hooks: Mapping) -> dict[str, int]:
 class Scheduler:
     """Tracks counters, each phase's progress and the position inside the current cycle.
 
-    The current phase is derived: the first phase neither ended early nor at its duration,
-    so a resumed run whose config lengthens a phase reopens it. A cycle, once begun, runs to
-    its end in the phase it began in (its hooks all count toward that phase).
+    The current phase is derived: the first phase that is neither ended early, nor at its
+    duration, nor followed by a phase that has started. So a resumed run whose config
+    lengthens its last phase reopens it, while lengthening a phase the run has moved past
+    changes nothing (phases never run backwards). A cycle, once begun, runs to its end in the
+    phase it began in (its hooks all count toward that phase).
     """
 
     def __init__(self, phases: list[Phase], algorithm: Algorithm):
@@ -174,13 +183,15 @@ class Scheduler:
         self.totals = dict.fromkeys(self.units, 0)
         self.progress = {p.name: dict.fromkeys(self.units, 0) for p in phases}
         self.ended_early = dict.fromkeys((p.name for p in phases), False)
+        self.started = dict.fromkeys((p.name for p in phases), False)
         self.calls = 0  # hook calls so far: the checkpoint step, which always increases
         self.cycle: tuple[int, int] | None = None  # (phase index, calls done in the cycle)
 
     def _phase_done(self, i: int) -> bool:
         phase = self.phases[i]
-        return self.ended_early[phase.name] or \
-            self.progress[phase.name][phase.unit] >= phase.duration
+        return (self.ended_early[phase.name]
+                or self.progress[phase.name][phase.unit] >= phase.duration
+                or any(self.started[later.name] for later in self.phases[i + 1:]))
 
     @property
     def phase_index(self) -> int:
@@ -201,6 +212,7 @@ class Scheduler:
         """The phase and hook of the next call (beginning a cycle if none is running)."""
         if self.cycle is None:
             self.cycle = (self.phase_index, 0)
+            self.started[self.phases[self.cycle[0]].name] = True
         index, position = self.cycle
         return self.phases[index], self.phases[index].hook_at(position)
 
@@ -245,7 +257,7 @@ class Scheduler:
                 for counter, amount in rest.items():
                     progress[counter] += amount
                 total += rest.get(unit, 0)
-            elif self.cycle is not None and i < self.cycle[0]:
+            elif self._phase_done(i):
                 continue
             if self.ended_early[phase.name]:
                 continue
@@ -262,30 +274,63 @@ class Scheduler:
     # ---------------------------------------------------------------- checkpointed state
 
     def state_dict(self) -> dict:
-        cycle = None if self.cycle is None else \
-            {"phase": self.phases[self.cycle[0]].name, "position": self.cycle[1]}
+        cycle = None
+        if self.cycle is not None:
+            index, position = self.cycle
+            cycle = {"phase": self.phases[index].name, "position": position,
+                     "done": self.phases[index].calls_before(position)}
         return {"calls": self.calls, "totals": dict(self.totals), "cycle": cycle,
                 "phases": {name: {"progress": dict(self.progress[name]),
-                                  "ended_early": self.ended_early[name]}
+                                  "ended_early": self.ended_early[name],
+                                  "started": self.started[name]}
                            for name in self.progress}}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restores a saved state into this config's phases. Raises ConfigError (nothing
+        changed) where the config can no longer continue it."""
         names = [p.name for p in self.phases]
         dropped = sorted(set(state["phases"]) - set(names))
         if dropped:
             raise ConfigError(f"The checkpoint has progress in phases {dropped}, which the config "
                               "no longer defines; add them back to config.phases/phase_order.")
+        cycle = state["cycle"]
+        if cycle is not None:
+            self._check_cycle_continues(cycle)
         self.calls = int(state["calls"])
         self.totals = {u: int(state["totals"].get(u, 0)) for u in self.units}
         for name, saved in state["phases"].items():
             self.progress[name] = {u: int(saved["progress"].get(u, 0)) for u in self.units}
             self.ended_early[name] = bool(saved["ended_early"])
-        cycle = state["cycle"]
+            self.started[name] = bool(saved["started"])
         self.cycle = None
         if cycle is not None:
-            index = names.index(cycle["phase"])
-            if cycle["position"] < self.phases[index].cycle_length:
-                self.cycle = (index, int(cycle["position"]))
+            index, position = names.index(cycle["phase"]), int(cycle["position"])
+            if position < self.phases[index].cycle_length:
+                self.cycle = (index, position)
+            else:  # the hooks it ran were the whole (shortened) cycle: count it as done
+                self.progress[cycle["phase"]][ITERATIONS] += 1
+                self.totals[ITERATIONS] += 1
+
+    def _check_cycle_continues(self, cycle: dict) -> None:
+        """A run saved inside a cycle continues with the config's hooks from that position,
+        which needs the hooks already run to be the config's first ones, and none of the rest
+        to read what those wrote (passed data is not saved)."""
+        phase = self.phases[[p.name for p in self.phases].index(cycle["phase"])]
+        position = int(cycle["position"])
+        done = phase.calls_before(position)
+        if done != list(cycle["done"]):
+            raise ConfigError(
+                f"The run stopped inside a cycle of phase {phase.name!r} after {cycle['done']}; "
+                f"with phases.{phase.name}.hooks={[f'{h}:{r}' for h, r in phase.hooks]} the cycle "
+                f"would have begun {done}. Resume with the hooks it was saved with.")
+        written = {n for hook in done if hook != EVALUATE for n in self._hooks[hook].writes}
+        lost = sorted(written & {n for hook, _ in phase.calls_from(position) if hook != EVALUATE
+                                 for n in self._hooks[hook].reads})
+        if lost:
+            raise ConfigError(
+                f"The run stopped inside a cycle of phase {phase.name!r}; with the config's hooks "
+                f"the rest of that cycle reads {lost}, written before the stop and not saved. "
+                "Resume with the hooks it was saved with.")
 
 
 @dataclasses.dataclass(frozen=True)

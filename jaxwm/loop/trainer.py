@@ -19,11 +19,12 @@ Metrics stay on the device until a log step, then are fetched in one transfer. N
 losses stop the run at that log step (or before a checkpoint) with the last good checkpoint
 untouched.
 
-What is checkpointed: the algorithm's state, and as JSON the loop's key and the scheduler
-(counters, per-phase progress, position in the cycle), at step = hook calls so far. After a
-restore the algorithm's ``on_restore`` re-attaches its envs (their episodes restart; envpool
-cannot save its C++ state), and the run continues with the same parameters, optimiser state,
-RNG key, counters and next hook.
+What is checkpointed: the algorithm's ``persistent`` part of the state, and as JSON the
+loop's key and the scheduler (counters, per-phase progress, position in the cycle), at step
+= hook calls so far. A resume builds a fresh state (its envs just reset; envpool cannot save
+its C++ state), lets the algorithm's ``on_restore`` put the saved part into it, and continues
+with the same parameters, optimiser state, RNG key, counters and next hook. Rows logged after
+that checkpoint (before a crash) are dropped from ``metrics.jsonl`` and TensorBoard.
 """
 
 from __future__ import annotations
@@ -42,8 +43,6 @@ from jaxwm.loop.algorithm import EVALUATE, Algorithm
 from jaxwm.loop.checkpoint import Checkpointer, prepare_workdir
 from jaxwm.loop.metrics import MEDIA, MetricWindow, MetricWriter, plot_learning_curve
 from jaxwm.loop.phases import Clock, Scheduler, check_phases, phases_from_config
-
-CHECKPOINT_VERSION = 2
 
 
 class _StopRequested:
@@ -92,8 +91,10 @@ class HookTimer:
     def wants(self, name: str) -> bool:
         return name not in self._seen or self._timed[name] == 0
 
-    def record(self, name: str, seconds: float) -> None:
-        if name not in self._seen:
+    def record(self, name: str, seconds: float, first_apart: bool = True) -> None:
+        """``first_apart=False`` for work timed on every call (evaluation), whose first call
+        is a sample like the others."""
+        if first_apart and name not in self._seen:
             self._seen.add(name)
             self._first[name] = seconds
         else:
@@ -128,8 +129,9 @@ class Trainer:
         phases = phases_from_config(config)
         check_phases(phases, algorithm, can_evaluate=evaluator is not None)
         self.clocks = {"log": Clock.parse(config.log.every, "log.every"),
-                       "checkpoint": Clock.parse(config.checkpoint.every, "checkpoint.every"),
-                       "eval": Clock.parse(config.eval.every, "eval.every")}
+                       "checkpoint": Clock.parse(config.checkpoint.every, "checkpoint.every")}
+        if evaluator is not None:  # an algorithm without a policy needs no eval clock
+            self.clocks["eval"] = Clock.parse(config.eval.every, "eval.every")
         for clock in self.clocks.values():
             clock.check(algorithm)
         self.x_axis = config.log.x_axis
@@ -148,36 +150,40 @@ class Trainer:
         return state, key
 
     def _restore_or_init(self):
+        """The initial state and key, or the checkpoint's. Returns ``(state, key, resumed)``."""
         state, key = self._initial()
-        if self.config.resume and self.checkpointer.latest_step() is not None:
-            state, loop, note = self.checkpointer.restore(state)
-            if note:
-                tqdm.write(note)
-            state = self.algorithm.on_restore(state)
-            key = jnp.asarray(np.asarray(loop["key"], np.uint32))
-            self.scheduler.load_state_dict(loop["scheduler"])
-            tqdm.write(f"Resumed from {self.checkpointer.directory} at step "
-                       f"{self.scheduler.calls} ({self.scheduler.describe()}).")
-        return state, key
+        if not (self.config.resume and self.checkpointer.latest_step() is not None):
+            return state, key, False
+        saved, loop, step, unreadable = self.checkpointer.restore(self.algorithm.persistent(state))
+        self.scheduler.load_state_dict(loop["scheduler"])  # may refuse: nothing moved yet
+        note = self.checkpointer.set_aside(unreadable, step)
+        if note:
+            tqdm.write(note)
+        state = self.algorithm.on_restore(state, saved)
+        key = jnp.asarray(np.asarray(loop["key"], np.uint32))
+        tqdm.write(f"Resumed from {self.checkpointer.directory} at step "
+                   f"{self.scheduler.calls} ({self.scheduler.describe()}).")
+        return state, key, True
 
     def _save(self, state, key, force=False):
         sched = self.scheduler
         if self.checkpointer.latest_step() == sched.calls:
             return  # already saved at this step (periodic save coincided with the final one)
-        loop = {"version": CHECKPOINT_VERSION, "key": np.asarray(key).tolist(),
-                "scheduler": sched.state_dict()}
-        self.checkpointer.save(sched.calls, state, loop, force=force)
+        loop = {"key": np.asarray(key).tolist(), "scheduler": sched.state_dict()}
+        self.checkpointer.save(sched.calls, self.algorithm.persistent(state), loop, force=force)
 
     # ------------------------------------------------------------------ run
 
     def run(self) -> dict:
         """Trains until every phase is done (or a signal arrives). Returns the last metrics."""
-        state, key = self._restore_or_init()
+        state, key, resumed = self._restore_or_init()
         sched, algorithm, x_axis = self.scheduler, self.algorithm, self.x_axis
         tqdm.write(f"{algorithm.name} on {self.config.env.id} -> {self.workdir} "
                    f"(tensorboard --logdir {self.workdir})")
         self.checkpointer.write_config(self.config)
-        writer = MetricWriter(self.workdir)
+        # A resumed run drops what was logged after its checkpoint (that stretch runs again).
+        writer = MetricWriter(self.workdir, resumed_at=dict(sched.totals) if resumed else None,
+                              x_axis=x_axis)
         window, timer = MetricWindow(), HookTimer()
         marks = {name: clock.marks(sched.totals) for name, clock in self.clocks.items()}
         flow = {}  # outputs of this cycle's hooks that a later hook still reads
@@ -189,6 +195,8 @@ class Trainer:
         eval_seconds = 0.0  # excluded from the rates
 
         def due(clock: str) -> bool:
+            if clock not in self.clocks:
+                return False
             now = self.clocks[clock].marks(sched.totals)
             fired, marks[clock] = now != marks[clock], now
             return fired
@@ -210,9 +218,10 @@ class Trainer:
             now = time.perf_counter()
             start, start_totals, _ = window_start
             busy = max(now - start - eval_seconds, 1e-9)
-            for unit in algorithm.counters:
-                name = "charts/SPS" if unit == "env_steps" else f"charts/{unit}_per_s"
-                metrics[name] = (sched.totals[unit] - start_totals[unit]) / busy
+            for unit in algorithm.counters:  # those that moved: no rate is not a rate of 0
+                if sched.totals[unit] > start_totals[unit]:
+                    name = "charts/SPS" if unit == "env_steps" else f"charts/{unit}_per_s"
+                    metrics[name] = (sched.totals[unit] - start_totals[unit]) / busy
             metrics.update(timer.flush(max(now - start, 1e-9)))
             metrics["charts/phase"] = float(sched.phase_index)
             metrics.update({f"counters/{unit}": float(v) for unit, v in sched.totals.items()})
@@ -228,7 +237,7 @@ class Trainer:
             window.add(self.evaluator.run(state, key))
             seconds = time.perf_counter() - start
             eval_seconds += seconds
-            timer.record(EVALUATE, seconds)
+            timer.record(EVALUATE, seconds, first_apart=False)
             timer.count(EVALUATE)
 
         def call(name, state, key):
@@ -282,7 +291,7 @@ class Trainer:
                                        f"read {sorted(flow)} before saving.")
                             announced = True
                         continue
-                    if self.evaluator is not None and (
+                    if self.evaluator is not None and stop.signal is None and (
                             due("eval") or (sched.finished and self.config.eval.at_end)):
                         key, eval_key = jax.random.split(key)
                         evaluate(state, eval_key)
@@ -294,7 +303,8 @@ class Trainer:
                     if stop.signal is not None:
                         break
 
-                if stop.signal is not None:
+                interrupted = stop.signal is not None and not sched.finished
+                if interrupted:
                     tqdm.write(f"{stop.signal} received: saving a checkpoint at step {sched.calls} "
                                f"({sched.describe()}) and exiting; resume with "
                                "--config.resume=True.")
@@ -312,7 +322,7 @@ class Trainer:
         plot_learning_curve(writer.path, png, f"{algorithm.name} on {self.config.env.id}",
                             x_axis)
         self.state = state
-        return {**last, "interrupted": stop.signal is not None, "calls": sched.calls,
+        return {**last, "interrupted": interrupted, "calls": sched.calls,
                 "counters": dict(sched.totals), **sched.totals}
 
     def _postfix(self, last: dict, latest: dict) -> dict[str, str]:
