@@ -1,9 +1,6 @@
 """Model-based random shooting: replay, dynamics, planner, and the loop's model phases."""
 
-import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -146,14 +143,11 @@ DONATION_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_collect_adds_to_a_large_replay_in_place():
+def test_collect_adds_to_a_large_replay_in_place(run_script):
     """A 610 MB replay buffer is added to ten times: the collect hook donates the state, so
     the buffer is written where it lies and the process's peak memory grows by far less
     than a copy of it (compiling the hook accounts for ~130 MB; a copy would add 610)."""
-    proc = subprocess.run([sys.executable, "-c", DONATION_SCRIPT.format(root=ROOT)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_script(DONATION_SCRIPT)
     # 4 envs x 250 steps, less the reset transition after each env's 200-step episode.
     assert out["buffer"] > 600e6 and out["size"] == 10 * 4 * 25 - 4
     assert out["in_place"]

@@ -1,13 +1,7 @@
 """Placement helpers of jaxwm.parallel, on 4 fake CPU devices (in a subprocess, since the
 device count is fixed when JAX starts)."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -29,13 +23,8 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_put_readonly_shards_large_data_and_replicates_the_rest():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-           "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(root=ROOT)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_put_readonly_shards_large_data_and_replicates_the_rest(run_script):
+    out = run_script(SCRIPT, devices=4)
     assert out["large"] == {"devices": 4, "rows": [256] * 4}  # each device holds a quarter
     assert out["uneven"] == {"devices": 4, "rows": [1023] * 4}  # replicated
     assert out["small"] == {"devices": 4, "rows": [10] * 4}

@@ -101,7 +101,9 @@ def build(config) -> Algorithm:
         actor = ppo.Actor(obs=first.obs, is_first=jnp.ones(n, bool), prev_done=jnp.zeros(n, bool),
                           carry=network.initialize_carry(n), discounted_return=jnp.zeros(n),
                           stats=EpisodeStats.create(n))
-        return jax.device_put(actor, env_device)
+        # One device: left uncommitted, like everything else, so that every jitted hook sees
+        # the same placement on every call and compiles once.
+        return jax.device_put(actor, env_device) if multi_device else actor
 
     def on_env_device(tree):
         """The replica of a replicated tree that already lives on the envs' device."""

@@ -1,0 +1,29 @@
+"""Shared test helpers."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run_script(script: str, devices: int | None = None) -> dict:
+    """Runs ``script`` (formatted with ``root``, the repository) in a fresh Python, on
+    ``devices`` fake CPU devices if given (JAX fixes the count when it starts), and returns
+    the JSON object its last line prints."""
+    env = dict(os.environ)
+    if devices:
+        env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+                   JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", script.format(root=ROOT)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def run_script():
+    return _run_script
