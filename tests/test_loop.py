@@ -133,7 +133,7 @@ def test_scheduler_walks_phases_and_keeps_its_position():
         sched.record(hook)
         if len(order) == 3:  # inside the first train cycle: a copy resumes at the same position
             saved = sched.state_dict()
-            assert saved["cycle"] == {"phase": "train", "position": 1, "done": ["collect"]}
+            assert saved["cycle"] == {"phase": "train", "position": 1, "done": [("collect", 1)]}
             assert sched.live_inputs() == {"batch"}
     assert order == [("warmup", "collect")] * 2 + [("train", "collect"), ("train", "update_agent"),
                                                    ("train", "update_agent")] * 3
@@ -292,7 +292,7 @@ def test_resume_continues_a_cycle_only_with_the_hooks_it_began_with(tmp_path):
     config = offline_config(models=dict(unit="model_updates", duration=12,
                                         hooks=("update_agent", "update_model:3")))
     config.resume = True
-    with pytest.raises(ConfigError, match=r"after \['update_model', 'update_model'\].*would "
+    with pytest.raises(ConfigError, match=r"after \['update_model:2'\].*would "
                                           r"have begun \['update_agent', 'update_model'\]"):
         Trainer(config, updates_only_algorithm(), str(tmp_path)).run()
     assert steps_of(tmp_path / "checkpoints") == before

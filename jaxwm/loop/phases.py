@@ -51,11 +51,14 @@ class Phase:
             position -= repeats
         raise IndexError(f"Phase {self.name!r} has {self.cycle_length} calls per cycle.")
 
-    def calls_before(self, position: int) -> list[str]:
-        """The hooks of a cycle's first ``position`` calls, in order."""
-        out = []
+    def calls_before(self, position: int) -> list[tuple[str, int]]:
+        """A cycle's first ``position`` calls, as (hook name, calls) runs."""
+        out, start = [], 0
         for name, repeats in self.hooks:
-            out.extend([name] * max(0, min(repeats, position - len(out))))
+            taken = min(repeats, position - start)
+            if taken > 0:
+                out.append((name, taken))
+            start += repeats
         return out
 
     def calls_from(self, position: int) -> list[tuple[str, int]]:
@@ -106,6 +109,11 @@ def phases_from_config(config) -> list[Phase]:
         phases.append(Phase(name, tuple(hooks), int(spec.duration), str(spec.unit),
                             str(spec.get("until", "") or "")))
     return phases
+
+
+def _runs(runs) -> list[str]:
+    """(hook, calls) runs as the config writes them: ``['update_model:2', 'update_agent']``."""
+    return [name if calls == 1 else f"{name}:{calls}" for name, calls in runs]
 
 
 def _unknown(what: str, value: str, known) -> str:
@@ -318,12 +326,13 @@ class Scheduler:
         phase = self.phases[[p.name for p in self.phases].index(cycle["phase"])]
         position = int(cycle["position"])
         done = phase.calls_before(position)
-        if done != list(cycle["done"]):
+        if done != [tuple(run) for run in cycle["done"]]:
             raise ConfigError(
-                f"The run stopped inside a cycle of phase {phase.name!r} after {cycle['done']}; "
-                f"with phases.{phase.name}.hooks={[f'{h}:{r}' for h, r in phase.hooks]} the cycle "
-                f"would have begun {done}. Resume with the hooks it was saved with.")
-        written = {n for hook in done if hook != EVALUATE for n in self._hooks[hook].writes}
+                f"The run stopped inside a cycle of phase {phase.name!r} after "
+                f"{_runs(cycle['done'])}; with phases.{phase.name}.hooks={_runs(phase.hooks)} "
+                f"the cycle would have begun {_runs(done)}. Resume with the hooks it was saved "
+                "with.")
+        written = {n for hook, _ in done if hook != EVALUATE for n in self._hooks[hook].writes}
         lost = sorted(written & {n for hook, _ in phase.calls_from(position) if hook != EVALUATE
                                  for n in self._hooks[hook].reads})
         if lost:
