@@ -379,6 +379,9 @@ def test_phase_ends_early_when_the_algorithm_says_so_and_stays_ended(tmp_path):
     assert again["model_updates"] == 6 and len(calls) == 16  # the ended phase did not reopen
 
 
+# Restoring a damaged checkpoint leaves an orbax/tensorstore background callback that reports
+# "Event loop is closed" at garbage collection; the resume itself is what this test checks.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_unreadable_latest_checkpoints_fall_back_and_are_kept(tmp_path, capsys):
     straight = Trainer(offline_config(), updates_only_algorithm(), str(tmp_path / "a"))
     straight.run()
