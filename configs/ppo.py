@@ -1,14 +1,38 @@
 """PPO configs. Launch: python -m jaxwm.train --config=configs/ppo.py:<variant>
 
-Variants: cartpole (default; solves CartPole-v1 in ~200k steps), atari, mujoco, minigrid.
-Atari/MuJoCo defaults follow CleanRL (REFERENCE.md); the others are tuned for quick solves.
+Variants: cartpole (default; solves CartPole-v1 in ~200k steps), atari, mujoco, minigrid,
+and the partially observable cartpole_masked and lunarlander_masked (velocities zeroed).
+Atari/MuJoCo defaults follow CleanRL (REFERENCE.md), whose settings are also BenchNetRL's
+defaults; cartpole and minigrid are tuned for quick solves.
+
+Every variant takes any memory backbone: ``--config.network.backbone=`` ff, lstm, gru, trxl,
+gtrxl, mamba or mamba2, sized by its ``network.<block>`` (BenchNetRL's Atari sizes, or its
+classic-control defaults in the masked variants). BenchNetRL's own Atari runs also use 16 envs,
+8 minibatches and one frame for every agent but "PPO-4":
+``--config.env.num_envs=16 --config.ppo.num_minibatches=8 --config.env.frame_stack=1``.
 """
 
 import ml_collections
 
 from jaxwm.config import base_config
 
-VARIANTS = ("cartpole", "atari", "mujoco", "minigrid")
+VARIANTS = ("cartpole", "atari", "mujoco", "minigrid", "cartpole_masked", "lunarlander_masked")
+
+# BenchNetRL's scripts' defaults for classic control (ppo.py, ppo_lstm.py, ppo_trxl.py,
+# ppo_mamba.py; its run scripts for these envs set nothing): 8 envs x 128 steps, 4 minibatches,
+# 4 epochs, lr 2.5e-4, clip 0.1, a Linear(512) + ReLU encoder, hidden sizes 512.
+CLASSIC_MEMORY = dict(
+    encoder="mlp", hidden=(512,), activation="relu", separate_critic=False,
+    ff=ml_collections.ConfigDict(dict(head_hidden=(512, 512))),
+    rnn=ml_collections.ConfigDict(dict(hidden=512)),
+    trxl=ml_collections.ConfigDict(dict(dim=384, layers=3, heads=4, memory=119)),
+    mamba=ml_collections.ConfigDict(dict(dim=512, state=64, conv=4, expand=2, scan="auto",
+                                         learning_rate_scale=0.4)),
+    mamba2=ml_collections.ConfigDict(dict(dim=512, state=64, conv=4, expand=2, headdim=64,
+                                          chunk=64, learning_rate_scale=0.4)),
+)
+MASKED = {"cartpole_masked": ("CartPole-v1", (1, 3)),  # cart and pole velocities
+          "lunarlander_masked": ("LunarLander-v2", (2, 3, 5))}  # linear and angular velocities
 
 
 def ppo_block(**overrides) -> ml_collections.ConfigDict:
@@ -29,6 +53,9 @@ def ppo_block(**overrides) -> ml_collections.ConfigDict:
     p.normalize_obs = False
     p.normalize_reward = False
     p.loop_form = "auto"  # auto | scan | unroll | host (see jaxwm/agents/ppo.py)
+    # Memory backbones: reset the memory at episode starts inside training sequences too.
+    # False reproduces BenchNetRL's Mamba update (state leaks across episodes), for comparison.
+    p.update_resets = True
     p.update(overrides)
     return p
 
@@ -36,10 +63,22 @@ def ppo_block(**overrides) -> ml_collections.ConfigDict:
 def network_block(**overrides) -> ml_collections.ConfigDict:
     n = ml_collections.ConfigDict()
     n.encoder = "auto"  # auto | mlp | nature_cnn | grid_cnn
-    n.hidden = (64, 64)
+    n.hidden = (64, 64)  # the MLP encoder's layers (vector observations)
     n.activation = "tanh"
+    # ff | lstm | gru | trxl | gtrxl | mamba | mamba2 (jaxwm/nets/backbones); each reads its
+    # block below. Sizes are BenchNetRL's Atari settings (REFERENCE.md); variants adjust them.
     n.backbone = "ff"
-    n.separate_critic = True
+    n.frames = 1  # > 1: the last `frames` vector observations, concatenated ("PPO-4")
+    n.separate_critic = True  # ff only: the critic gets its own MLP on the observation
+    n.ff = ml_collections.ConfigDict(dict(head_hidden=()))  # BenchNetRL's FF heads: (512, 512)
+    n.rnn = ml_collections.ConfigDict(dict(hidden=256))  # lstm, gru
+    n.trxl = ml_collections.ConfigDict(dict(dim=512, layers=1, heads=2, memory=64))  # trxl, gtrxl
+    # BenchNetRL trains the Mamba block at lr 1e-4 with the rest at 2.5e-4: a scale of 0.4.
+    # scan: auto (sequential on CPU, associative on accelerators) | associative | sequential
+    n.mamba = ml_collections.ConfigDict(dict(dim=450, state=64, conv=4, expand=1, scan="auto",
+                                             learning_rate_scale=0.4))
+    n.mamba2 = ml_collections.ConfigDict(dict(dim=512, state=64, conv=4, expand=1, headdim=64,
+                                              chunk=64, learning_rate_scale=0.4))
     n.update(overrides)
     return n
 
@@ -88,6 +127,14 @@ def get_config(variant: str = "cartpole") -> ml_collections.ConfigDict:
         c.eval.num_envs = 5
         c.eval.num_episodes = 5
         c.eval.temperature = 0.0
+    elif variant in MASKED:
+        c.env.id, c.env.masked_indices = MASKED[variant]
+        c.env.num_envs = 8
+        c.total_env_steps = 500_000 if variant == "cartpole_masked" else 5_000_000
+        c.ppo = ppo_block(clip_coef=0.1)
+        c.network = network_block(**CLASSIC_MEMORY)
+        c.log.every = "16384 env_steps"
+        c.eval.every = "50000 env_steps"
     elif variant == "minigrid":
         c.env.id = "MiniGrid-DoorKey-5x5-v0"
         c.env.num_envs = 16

@@ -21,11 +21,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.resume = False
     c.total_env_steps = ml_collections.FieldReference(100_000)
     c.num_devices = 0  # 0: every device JAX sees
+    c.num_seeds = 1  # > 1: that many independent agents in one process (jaxwm/loop/seeds.py)
 
     c.env = ml_collections.ConfigDict()
     c.env.id = "CartPole-v1"
     c.env.num_envs = 8
     c.env.max_episode_steps = 0  # 0: the env's registered limit
+    c.env.masked_indices = ()  # vector observations: dims set to 0 (velocity masking)
 
     c.phase_order = ("train",)
     c.phases = ml_collections.ConfigDict()
@@ -67,6 +69,7 @@ def validate_common(c: ml_collections.ConfigDict) -> None:
     _require(c.eval.temperature >= 0, f"eval.temperature must be >= 0 (0: greedy), got "
              f"{c.eval.temperature}.")
     _require(c.num_devices >= 0, "num_devices must be >= 0 (0: all devices).")
+    _require(c.num_seeds >= 1, f"num_seeds must be >= 1, got {c.num_seeds}.")
     from jaxwm.loop.phases import Clock  # the loop imports this module
 
     for name in ("log.every", "checkpoint.every", "eval.every"):  # their units: by the loop

@@ -95,7 +95,7 @@ def test_actor_critic_shapes(encoder, obs_shape, discrete):
     obs, reset = jnp.zeros((2, 5) + obs_shape, dtype), jnp.zeros((2, 5), bool)
     params = net.init(jax.random.PRNGKey(0), net.initialize_carry(2), obs, reset)
     carry, dist, value = net.apply(params, net.initialize_carry(2), obs, reset)
-    assert carry == () and value.shape == (2, 5)
+    assert carry == ((), ()) and value.shape == (2, 5)
     action = dist.sample(jax.random.PRNGKey(1))
     assert action.shape == ((2, 5) if discrete else (2, 5, 3))
     assert dist.log_prob(action).shape == (2, 5)

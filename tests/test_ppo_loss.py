@@ -109,7 +109,7 @@ def fake_rollout(key, n=4, t=8, obs_dim=3, discrete=True):
         log_prob=jnp.full((n, t), -0.7), value=jnp.zeros((n, t)),
         reward=jax.random.normal(ks[2], (n, t)), terminated=jax.random.uniform(ks[3], (n, t)) < 0.1,
         truncated=jnp.zeros((n, t), bool), valid=jax.random.uniform(ks[4], (n, t)) > 0.1,
-        is_first=jnp.zeros((n, t), bool), next_value=jnp.zeros((n, t)), initial_carry=())
+        is_first=jnp.zeros((n, t), bool), next_value=jnp.zeros((n, t)), initial_carry=((), ()))
 
 
 @pytest.mark.parametrize("loop_form", ["scan", "unroll", "host"])
@@ -121,7 +121,8 @@ def test_update_lowers_loss_and_loop_forms_agree(loop_form, discrete):
                num_minibatches=2)
     optimizer = ppo.make_optimizer(type("C", (), cfg), num_iterations=1)
     rollout = fake_rollout(jax.random.PRNGKey(0), discrete=discrete)
-    params = net.init(jax.random.PRNGKey(1), (), rollout.obs[:, :1], rollout.is_first[:, :1])
+    params = net.init(jax.random.PRNGKey(1), net.initialize_carry(4), rollout.obs[:, :1],
+                      rollout.is_first[:, :1])
     fresh = lambda: ppo.Learner(jax.tree.map(jnp.copy, params), optimizer.init(params), None, None)
     learner = fresh()  # the update donates its input
     batch = ppo.prepare_batch(h, rollout)

@@ -33,7 +33,6 @@ and shuffle environments, never time (REFERENCE.md), starting from the rollout's
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import jax
@@ -106,6 +105,8 @@ class PPOHyper:
     normalize_obs: bool = struct.field(pytree_node=False)
     normalize_reward: bool = struct.field(pytree_node=False)
     recurrent: bool = struct.field(pytree_node=False)
+    # False: BenchNetRL's Mamba update, whose memory leaks across episodes (comparison only).
+    update_resets: bool = struct.field(pytree_node=False, default=True)
 
     @classmethod
     def from_config(cls, cfg, recurrent: bool) -> PPOHyper:
@@ -118,17 +119,25 @@ def _clipped_adam(learning_rate, max_grad_norm):
                        optax.adam(learning_rate, eps=1e-5))
 
 
-def make_optimizer(cfg, num_iterations: int) -> optax.GradientTransformation:
+def make_optimizer(cfg, num_iterations: int,
+                   backbone_scale: float = 1.0) -> optax.GradientTransformation:
     """Adam (eps 1e-5) after global-norm clipping; lr linearly annealed to 0 over
     ``num_iterations`` if asked. The rate in use is in the optimiser state
-    (``inject_hyperparams``), so the update can report it."""
+    (``inject_hyperparams``), so the update can report it. ``backbone_scale`` != 1 scales the
+    steps of the memory backbone's parameters (the ``memory`` module): a learning rate of its
+    own with the same schedule, as BenchNetRL gives its Mamba block."""
     updates_per_iteration = cfg.update_epochs * cfg.num_minibatches
     if cfg.anneal_lr:
         lr = optax.linear_schedule(cfg.learning_rate, 0.0, num_iterations * updates_per_iteration)
     else:
         lr = cfg.learning_rate
-    return optax.inject_hyperparams(_clipped_adam, static_args="max_grad_norm")(
+    adam = optax.inject_hyperparams(_clipped_adam, static_args="max_grad_norm")(
         learning_rate=lr, max_grad_norm=cfg.max_grad_norm)
+    if backbone_scale == 1.0:
+        return adam
+    in_backbone = lambda params: jax.tree_util.tree_map_with_path(  # noqa: E731
+        lambda path, _: any(getattr(k, "key", None) == "memory" for k in path), params)
+    return optax.chain(adam, optax.masked(optax.scale(backbone_scale), in_backbone))
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -209,7 +218,10 @@ def _masked_mean(x, mask):
 
 def loss_fn(params, network, hyper: PPOHyper, batch):
     """PPO loss on a minibatch of sequences [M, L]; returns (loss, metrics)."""
-    _, dist, value = network.apply(params, batch["initial_carry"], batch["obs"], batch["is_first"])
+    # Resets apply inside the sequence as they did when acting, so no memory leaks across
+    # episodes; update_resets=False reproduces BenchNetRL's Mamba update, which leaks.
+    reset = batch["is_first"] if hyper.update_resets else jnp.zeros_like(batch["is_first"])
+    _, dist, value = network.apply(params, batch["initial_carry"], batch["obs"], reset)
     mask = batch["valid"].astype(jnp.float32)
     new_log_prob = dist.log_prob(batch["action"])
     log_ratio = new_log_prob - batch["log_prob"]
@@ -257,11 +269,10 @@ def prepare_batch(hyper: PPOHyper, rollout: Rollout):
         obs=rollout.obs, action=rollout.action, log_prob=rollout.log_prob, value=rollout.value,
         valid=rollout.valid, is_first=rollout.is_first, advantages=advantages, returns=returns,
     )
-    if hyper.recurrent:
-        batch["initial_carry"] = rollout.initial_carry
-    else:
+    if not hyper.recurrent:
         batch = jax.tree.map(lambda x: x.reshape((-1, 1) + x.shape[2:]), batch)
-        batch["initial_carry"] = ()
+    # Without memory the carry has no leaves, so it fits any sequence layout unchanged.
+    batch["initial_carry"] = rollout.initial_carry
     return batch
 
 
@@ -274,9 +285,11 @@ def _minibatches(hyper, batch, key):
         lambda x: x.reshape((hyper.num_minibatches, -1) + x.shape[1:]), shuffled)
 
 
-def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, data_sharding=None):
+def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, data_sharding=None,
+                over_seeds: bool = False):
     """Returns ``update(learner, rollout, key) -> (learner, metrics)``, already jitted; it
-    donates ``learner`` (updated in place).
+    donates ``learner`` (updated in place). ``over_seeds``: every argument and result has a
+    leading seed axis (``loop.seeds``), one independent update per seed.
 
     ``data_sharding`` (a NamedSharding over the batch axis) spreads every minibatch over the
     mesh; ``None`` leaves placement to XLA (single device).
@@ -297,12 +310,17 @@ def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, data_shardi
         return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), mbs)  # [E*M, ...]
 
     def with_learning_rate(learner, metrics):  # make_optimizer's inject_hyperparams state
-        hyperparams = getattr(learner.opt_state, "hyperparams", {})
+        state = learner.opt_state
+        state = state[0] if isinstance(state, tuple) and not hasattr(state, "hyperparams") \
+            else state  # chained with a backbone scale
+        hyperparams = getattr(state, "hyperparams", {})
         if "learning_rate" not in hyperparams:
             return metrics
         return {**metrics, "charts/learning_rate": hyperparams["learning_rate"]}
 
     if loop_form == "host":
+        if over_seeds:
+            raise ConfigError("ppo.loop_form='host' cannot be vmapped over seeds.")
         prepare = backend.jit(lambda rollout, key: epoch_minibatches(prepare_batch(hyper, rollout), key))
         step = backend.jit(minibatch_step, donate_argnums=0)
 
@@ -320,13 +338,12 @@ def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, data_shardi
 
     unroll = True if loop_form == "unroll" else 1
 
-    @partial(backend.jit, donate_argnums=0)
     def update(learner, rollout, key):
         mbs = epoch_minibatches(prepare_batch(hyper, rollout), key)
         learner, metrics = jax.lax.scan(minibatch_step, learner, mbs, unroll=unroll)
         return learner, with_learning_rate(learner, jax.tree.map(jnp.mean, metrics))
 
-    return update
+    return backend.jit(jax.vmap(update) if over_seeds else update, donate_argnums=0)
 
 
 def resolve_loop_form(loop_form: str) -> str:

@@ -55,6 +55,8 @@ class MBRSState:
 def validate(config) -> None:
     m = config.mbrs
     checks = [
+        (config.num_seeds == 1, "num_seeds > 1 is not supported by mbrs yet (PPO has it): "
+                                "run one process per seed."),
         (m.horizon > 0, "mbrs.horizon must be > 0."),
         (m.num_candidates >= 2, "mbrs.num_candidates must be >= 2."),
         (0 < m.num_elites <= m.num_candidates, "mbrs.num_elites must be in [1, num_candidates]."),

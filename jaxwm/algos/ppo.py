@@ -25,17 +25,20 @@ would sit at 0). So an annealed run can be shortened or resumed, not extended; w
 from __future__ import annotations
 
 import math
-from functools import partial
 
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxwm import backend, parallel
 from jaxwm.agents import ppo
 from jaxwm.config import ConfigError
 from jaxwm.envs import EpisodeStats, make_env
+from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import Algorithm, Hook, Policy
+from jaxwm.loop.metrics import PerSeed
+from jaxwm.nets import backbones
 from jaxwm.nets.actor_critic import make_actor_critic
 from jaxwm.nets.distributions import sample_at_temperature
 from jaxwm.ops.normalize import RunningMeanStd
@@ -55,10 +58,11 @@ def anneal_iterations(config) -> int:
 
 def validate(config) -> None:
     """PPO-specific checks, run on the host before anything is built or compiled."""
+    backbones.validate(config.network)
     p, num_envs = config.ppo, config.env.num_envs
-    recurrent = config.network.backbone != "ff"
+    recurrent = config.network.backbone != "ff" or config.network.frames > 1
     sequences = num_envs if recurrent else num_envs * p.num_steps
-    what = "env.num_envs (recurrent backbones shuffle whole envs)" if recurrent else \
+    what = "env.num_envs (memory backbones shuffle whole envs, never time)" if recurrent else \
         "env.num_envs * ppo.num_steps"
     if p.num_steps <= 0 or p.num_minibatches <= 0 or p.update_epochs <= 0:
         raise ConfigError("ppo.num_steps, ppo.num_minibatches and ppo.update_epochs must be > 0.")
@@ -77,30 +81,46 @@ def validate(config) -> None:
         raise ConfigError(f"A minibatch holds {sequences // p.num_minibatches} sequences, which "
                           f"does not split over {num_devices} devices; change ppo.num_minibatches"
                           " or env.num_envs, or set --config.num_devices.")
-    ppo.resolve_loop_form(p.loop_form)  # raises on an unknown form
+    if ppo.resolve_loop_form(p.loop_form) == "host" and config.num_seeds > 1:
+        raise ConfigError("ppo.loop_form='host' runs minibatches from Python and cannot be "
+                          "vmapped over seeds: use scan or unroll with num_seeds > 1.")
 
 
 def build(config) -> Algorithm:
-    env = make_env(config.env, num_envs=config.env.num_envs, seed=config.seed)
+    num_seeds, num_envs = config.num_seeds, config.env.num_envs
+    # With several seeds, one pool holds every seed's envs in turn (``loop.seeds``).
+    env = make_env(config.env, num_envs=num_seeds * num_envs, seed=config.seed)
     spec = env.spec
     network = make_actor_critic(spec, config.network)
-    hyper = ppo.PPOHyper.from_config(config.ppo, recurrent=network.backbone != "ff")
-    optimizer = ppo.make_optimizer(config.ppo, anneal_iterations(config))
+    hyper = ppo.PPOHyper.from_config(config.ppo, recurrent=network.has_memory)
+    optimizer = ppo.make_optimizer(config.ppo, anneal_iterations(config),
+                                   backbones.learning_rate_scale(config.network))
     loop_form = ppo.resolve_loop_form(config.ppo.loop_form)
 
     mesh = parallel.data_mesh(config.num_devices or None)
     env_device = mesh.devices.flat[0]
     multi_device = mesh.size > 1
+    # Rollouts are [envs, ...], or [seeds, envs, ...]: either way sharded over the envs.
+    env_axis = PartitionSpec(*([None] if num_seeds > 1 else []), parallel.DATA_AXIS)
+    rollout_sharding = NamedSharding(mesh, env_axis)
+    # With seeds, every per-agent function gets a seed axis; the pool stays one.
     update = ppo.make_update(network, hyper, optimizer, loop_form,
-                             parallel.batch_sharding(mesh) if multi_device else None)
+                             parallel.batch_sharding(mesh) if multi_device else None,
+                             over_seeds=num_seeds > 1)
+    env_step = env.xla_step
+    if num_seeds > 1:
+        env_step = seeds.env_step_over_seeds(env.xla_step, num_seeds)
+    over_seeds = (lambda f, **kw: jax.vmap(f, **kw)) if num_seeds > 1 else (lambda f, **kw: f)
     env_handle = {"handle": None}  # the one host-held, non-checkpointed piece (see loop docs)
 
     def fresh_actor():
         env_handle["handle"], first = env.xla_reset()
-        n = spec.num_envs
-        actor = ppo.Actor(obs=first.obs, is_first=jnp.ones(n, bool), prev_done=jnp.zeros(n, bool),
-                          carry=network.initialize_carry(n), discounted_return=jnp.zeros(n),
-                          stats=EpisodeStats.create(n))
+        n = num_envs
+        actor = over_seeds(lambda obs: ppo.Actor(
+            obs=obs, is_first=jnp.ones(n, bool), prev_done=jnp.zeros(n, bool),
+            carry=network.initialize_carry(n), discounted_return=jnp.zeros(n),
+            stats=EpisodeStats.create(n)))(
+            seeds.split_pool(first.obs, num_seeds) if num_seeds > 1 else first.obs)
         # One device: left uncommitted, like everything else, so that every jitted hook sees
         # the same placement on every call and compiles once.
         return jax.device_put(actor, env_device) if multi_device else actor
@@ -112,19 +132,26 @@ def build(config) -> Algorithm:
         return jax.tree.map(lambda x: next(s.data for s in x.addressable_shards
                                            if s.device == env_device), tree)
 
-    @partial(backend.jit, donate_argnums=1)
-    def _collect(learner, actor, handle, key):
+    def collect_one(learner, actor, handle, key):
         learner, actor, handle, rollout, metrics = ppo.collect(
-            network, hyper, env.xla_step, learner, actor, handle, key)
+            network, hyper, env_step, learner, actor, handle, key)
         return (learner.obs_rms, learner.return_rms), actor, handle, rollout, metrics
+
+    _collect = backend.jit(over_seeds(collect_one, in_axes=(0, 0, None, 0),
+                                      out_axes=(0, 0, None, 0, 0)), donate_argnums=1)
+
+    def new_learner(key, actor):
+        params = network.init(key, actor.carry, actor.obs[:, None], actor.is_first[:, None])
+        return ppo.Learner(params=params, opt_state=optimizer.init(params),
+                           obs_rms=RunningMeanStd.create(spec.obs_shape),
+                           return_rms=RunningMeanStd.create(()))
+
+    def per_seed(metrics):
+        return {k: PerSeed(v) for k, v in metrics.items()} if num_seeds > 1 else metrics
 
     def init(key):
         actor = fresh_actor()
-        obs, reset = actor.obs[:, None], actor.is_first[:, None]
-        params = network.init(key, actor.carry, obs, reset)
-        learner = ppo.Learner(params=params, opt_state=optimizer.init(params),
-                              obs_rms=RunningMeanStd.create(spec.obs_shape),
-                              return_rms=RunningMeanStd.create(()))
+        learner = over_seeds(new_learner)(key, actor)
         if multi_device:
             learner = jax.device_put(learner, parallel.replicated(mesh))
         return PPOState(learner, actor)
@@ -136,33 +163,48 @@ def build(config) -> Algorithm:
         if multi_device:
             statistics = jax.device_put(statistics, parallel.replicated(mesh))
         learner = state.learner.replace(obs_rms=statistics[0], return_rms=statistics[1])
-        return PPOState(learner, actor), {"rollout": rollout}, metrics
+        return PPOState(learner, actor), {"rollout": rollout}, per_seed(metrics)
 
     def update_hook(state, data, key):
         rollout = data["rollout"]
         if multi_device:
-            rollout = jax.device_put(rollout, parallel.batch_sharding(mesh))
+            rollout = jax.device_put(rollout, rollout_sharding)
         learner, metrics = update(state.learner, rollout, key)
-        return state.replace(learner=learner), {}, metrics
+        return state.replace(learner=learner), {}, per_seed(metrics)
 
-    @backend.jit
-    def act(state, carry, obs, is_first, key, temperature):
-        learner = state.learner
+    def act_one(learner, carry, obs, is_first, key, temperature):
         if hyper.normalize_obs:
             obs = learner.obs_rms.normalize(obs)
         carry, dist, _ = network.apply(learner.params, carry, obs[:, None], is_first[:, None])
         return carry, sample_at_temperature(dist, key, temperature)[:, 0]
 
+    @backend.jit
+    def act(state, carry, obs, is_first, key, temperature):
+        if num_seeds == 1:
+            return act_one(state.learner, carry, obs, is_first, key, temperature)
+        carry, action = jax.vmap(act_one, in_axes=(0, 0, 0, 0, 0, None))(
+            state.learner, carry, *seeds.split_pool((obs, is_first), num_seeds), key,
+            temperature)
+        return carry, seeds.merge_pool(action)
+
+    def init_carry(state, n):
+        del state
+        if n % num_seeds:
+            raise ValueError(f"{n} evaluation envs do not split over {num_seeds} seeds.")
+        return over_seeds(lambda _: network.initialize_carry(n // num_seeds))(
+            jnp.arange(num_seeds))
+
     return Algorithm(
         name="PPO",
         init=init,
         hooks={
-            "collect": Hook(collect_hook, counts={"env_steps": spec.num_envs * hyper.num_steps},
+            # Counted per seed: each agent's own experience (loop.seeds).
+            "collect": Hook(collect_hook, counts={"env_steps": num_envs * hyper.num_steps},
                             writes=("rollout",)),
             "update_agent": Hook(update_hook, reads=("rollout",), counts={
                 "agent_updates": hyper.update_epochs * hyper.num_minibatches}),
         },
-        policy=Policy(init_carry=lambda state, n: network.initialize_carry(n), act=act),
+        policy=Policy(init_carry=init_carry, act=act, num_seeds=num_seeds),
         # The actor's state belongs to the live envs, which restart on resume.
         persistent=lambda state: state.learner,
         on_restore=lambda fresh, learner: fresh.replace(learner=learner),

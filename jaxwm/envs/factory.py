@@ -12,6 +12,11 @@ Actions: discrete actions are cast to int32. Continuous actions are cast to floa
 Gaussian policy may emit unbounded samples (the learner keeps the unclipped sample for its
 log-probability).
 
+Masking: ``env_config.masked_indices`` lists dims of a vector observation that are set to 0
+on both paths, e.g. (1, 3) for CartPole's velocities: the partially observable variants
+BenchNetRL uses ("velocity masking", zeroed rather than removed as in its
+``MaskObservationWrapper``, so the observation keeps its shape).
+
 Float64 envs (MuJoCo and DMC): envpool 1.2.5 computes these in float64 and its XLA custom call
 expects float64 actions and writes float64 observations. With JAX's default 32-bit mode the
 call would be built with float32 buffers and crash the process, so ``xla_step`` builds and
@@ -33,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxwm.config import ConfigError
 from jaxwm.envs.families import (
     UnknownEnvError,
     dummy_obs,
@@ -65,7 +71,9 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int) -> EnvPool
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}.")
     family = infer_family(str(env_id))
-    return EnvPoolEnv(str(env_id), family, num_envs, seed, envpool_kwargs(family, env_config))
+    masked = tuple(int(i) for i in env_config.get("masked_indices", ()) or ())
+    return EnvPoolEnv(str(env_id), family, num_envs, seed, envpool_kwargs(family, env_config),
+                      masked)
 
 
 def _is_float64(space: Any) -> bool:
@@ -77,7 +85,8 @@ def _is_float64(space: Any) -> bool:
 class EnvPoolEnv:
     """A vectorised envpool env with numpy (host) and jittable (XLA) step functions."""
 
-    def __init__(self, env_id: str, family: str, num_envs: int, seed: int, kwargs: dict[str, Any]) -> None:
+    def __init__(self, env_id: str, family: str, num_envs: int, seed: int, kwargs: dict[str, Any],
+                 masked: tuple[int, ...] = ()) -> None:
         self._family = family
         render_mode = None if family in _NO_RENDER_FAMILIES else "rgb_array"
         self._env = envpool.make(
@@ -110,6 +119,21 @@ class EnvPoolEnv:
         )
         self._xla_handle: np.ndarray | None = None
         self._xla_step_fn: Any = None
+        self._mask = None
+        if masked:
+            size = self.spec.obs_shape[0] if len(self.spec.obs_shape) == 1 else None
+            if size is None or not all(0 <= i < size for i in masked):
+                self._env.close()
+                raise ConfigError(
+                    f"env.masked_indices={list(masked)}: {env_id} observations have shape "
+                    f"{self.spec.obs_shape}; masking takes dims of a vector observation, in "
+                    f"[0, {size - 1 if size else '-'}].")
+            self._mask = np.ones(size, np.float32)
+            self._mask[list(masked)] = 0.0
+
+    def _observe(self, obs: Any, xp: ModuleType) -> Any:
+        obs = transform_obs(self._family, obs, xp)
+        return obs if self._mask is None else obs * self._mask
 
     # ---- shared post-processing -------------------------------------------------------------
 
@@ -134,7 +158,7 @@ class EnvPoolEnv:
             episode_over = terminated | truncated
             raw_reward = reward
         return StepResult(
-            obs=transform_obs(self._family, obs, xp),
+            obs=self._observe(obs, xp),
             reward=reward,
             terminated=terminated,
             truncated=truncated,
@@ -153,7 +177,7 @@ class EnvPoolEnv:
         zeros = np.zeros(self.spec.num_envs, np.float32)
         falses = np.zeros(self.spec.num_envs, bool)
         return StepResult(
-            obs=transform_obs(self._family, obs, np),
+            obs=self._observe(obs, np),
             reward=zeros,
             terminated=falses,
             truncated=falses,

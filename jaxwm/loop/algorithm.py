@@ -82,10 +82,13 @@ class Hook:
 class Policy:
     """Acting for evaluation: ``init_carry(state, num_envs) -> carry`` and
     ``act(state, carry, obs, is_first, key, temperature) -> (carry, action)`` (jitted;
-    ``temperature`` 0 is the distribution's mode, 1 the policy as trained)."""
+    ``temperature`` 0 is the distribution's mode, 1 the policy as trained). With
+    ``num_seeds`` N > 1 (``loop.seeds``) the envs are N groups of equal size, seed-major, and
+    ``key`` has a seed axis."""
 
     init_carry: Callable[[Any, int], Any]
     act: Callable[..., tuple[Any, jax.Array]]
+    num_seeds: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,9 @@ evenly as possible, so the pool has at most ``num_episodes`` envs) and only its 
 would over-sample short episodes, and so bias the return toward whatever makes episodes end
 early (in CartPole, failing).
 
+With several seeds (``Policy.num_seeds``) the pool holds each seed's envs in turn, every
+seed gets the same quotas, and the metrics are ``PerSeed``: each seed's mean.
+
 A video records env 0's first episode and is returned as a ``metrics.Video``, which the
 loop writes as a GIF (Pillow ships with matplotlib's dependencies, so no ffmpeg is needed).
 """
@@ -22,7 +25,8 @@ import numpy as np
 
 from jaxwm.config import ConfigError
 from jaxwm.envs import EpisodeStats, make_env
-from jaxwm.loop.metrics import Video
+from jaxwm.loop import seeds
+from jaxwm.loop.metrics import PerSeed, Video
 
 
 def episode_quotas(num_episodes: int, num_envs: int) -> np.ndarray:
@@ -36,7 +40,9 @@ class Evaluator:
     def __init__(self, config, policy, env=None, seed_offset: int = 10_000):
         self.config = config.eval
         self.policy = policy
-        self.quotas = episode_quotas(config.eval.num_episodes, config.eval.num_envs)
+        self.num_seeds = policy.num_seeds
+        self.quotas = np.tile(episode_quotas(config.eval.num_episodes, config.eval.num_envs),
+                              self.num_seeds)
         self.env = env if env is not None else make_env(
             config.env, num_envs=len(self.quotas), seed=config.seed + seed_offset)
         if self.env.spec.num_envs != len(self.quotas):
@@ -63,7 +69,7 @@ class Evaluator:
         for _ in range(max_steps):
             if recording:
                 frames.append(env.render())
-            key, act_key = jax.random.split(key)
+            key, act_key = seeds.split(key)
             carry, action = self.policy.act(state, carry, res.obs, is_first, act_key, temperature)
             prev_done = res.done
             res = env.step(np.asarray(action))
@@ -78,19 +84,28 @@ class Evaluator:
                     recording = False
             if not recording and all(len(r) >= q for r, q in zip(returns, quotas, strict=True)):
                 break
-        flat_returns = [r for per_env in returns for r in per_env]
-        metrics = {}
-        if flat_returns:
-            metrics = {
-                "eval/episodic_return": float(np.mean(flat_returns)),
-                "eval/episodic_return_std": float(np.std(flat_returns)),
-                "eval/episodic_length": float(np.mean([n for per in lengths for n in per])),
-                "eval/episodes": float(len(flat_returns)),
-            }
+        metrics = self._summarise(returns, lengths)
         if frames:
             metrics["eval/video"] = Video(np.stack([np.asarray(f, np.uint8) for f in frames]),
                                           fps=30)
         return metrics
+
+    def _summarise(self, returns, lengths) -> dict:
+        def by_seed(per_env):  # [env][episode] -> [seed][episode]
+            group = len(per_env) // self.num_seeds
+            return [[x for per in per_env[k * group:(k + 1) * group] for x in per]
+                    for k in range(self.num_seeds)]
+
+        returns, lengths = by_seed(returns), by_seed(lengths)
+        if not all(returns):
+            return {}
+        stats = {"eval/episodic_return": [np.mean(r) for r in returns],
+                 "eval/episodic_return_std": [np.std(r) for r in returns],
+                 "eval/episodic_length": [np.mean(n) for n in lengths]}
+        wrap = (lambda v: float(v[0])) if self.num_seeds == 1 else \
+            (lambda v: PerSeed(np.asarray(v, np.float64)))
+        return {**{name: wrap(v) for name, v in stats.items()},
+                "eval/episodes": float(sum(len(r) for r in returns))}
 
     def close(self) -> None:
         self.env.close()

@@ -51,6 +51,15 @@ class Histogram:
     values: jax.Array
 
 
+@struct.dataclass
+class PerSeed:
+    """``values``: [N], one scalar per seed (``loop.seeds``). A window's values are averaged
+    per seed; the row holds their mean over seeds, ``<name>/seed_<k>`` and
+    ``<name>/seed_std``."""
+
+    values: jax.Array
+
+
 MEDIA = (Video, Image, Histogram)
 
 
@@ -86,7 +95,7 @@ class MetricWindow:
         """Names under ``prefix`` with any non-finite value in the window."""
         self._fetch()
         return sorted(name for name, values in self._values.items() if name.startswith(prefix)
-                      and not all(_is_media(v) or np.all(np.isfinite(np.asarray(v, np.float64)))
+                      and not all(_is_media(v) or np.all(np.isfinite(_scalars(v)))
                                   for v in values))
 
     def flush(self) -> dict:
@@ -100,6 +109,8 @@ class MetricWindow:
                 out[name] = Histogram(np.concatenate([np.ravel(v.values) for v in values]))
             elif _is_media(last):
                 out[name] = last
+            elif isinstance(last, PerSeed):
+                out.update(_per_seed(name, np.stack([_scalars(v) for v in values])))
             else:
                 arr = np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in values])
                 finite = arr[np.isfinite(arr)]
@@ -107,6 +118,23 @@ class MetricWindow:
                     out[name] = float(finite.mean())
         self._values.clear()
         return out
+
+
+def _scalars(value) -> np.ndarray:
+    return np.asarray(value.values if isinstance(value, PerSeed) else value, np.float64)
+
+
+def _per_seed(name: str, window: np.ndarray) -> dict:
+    """[W, N] window of per-seed values -> the mean over seeds, each seed's, their std."""
+    finite = np.isfinite(window)
+    counts = finite.sum(axis=0)
+    per_seed = np.where(finite, window, 0.0).sum(axis=0) / np.maximum(counts, 1)
+    seen = counts > 0
+    if not seen.any():
+        return {}
+    out = {name: float(per_seed[seen].mean()), f"{name}/seed_std": float(per_seed[seen].std())}
+    out.update({f"{name}/seed_{k}": float(v) for k, v in enumerate(per_seed) if seen[k]})
+    return out
 
 
 def _uint8(x) -> np.ndarray:
@@ -210,7 +238,10 @@ def read_jsonl(path: str) -> list[dict]:
 
 
 def plot_learning_curve(jsonl_path: str, png_path: str, title: str, x_label: str) -> bool:
-    """Training and evaluation return against the run's x-axis. False if nothing to plot."""
+    """Training and evaluation return against the run's x-axis. False if nothing to plot.
+
+    With several seeds: the mean over seeds, a band of one std across them and each seed as
+    a thin line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -224,11 +255,22 @@ def plot_learning_curve(jsonl_path: str, png_path: str, title: str, x_label: str
     fig, ax = plt.subplots(figsize=(7, 4))
     plotted = False
     for label, name in series.items():
-        points = [(r["step"], r[name]) for r in rows if name in r]
-        if points:
-            xs, ys = zip(*points, strict=True)
-            ax.plot(xs, ys, marker="o" if label == "eval" else None, markersize=3, label=label)
-            plotted = True
+        points = [(r["step"], r[name], r.get(f"{name}/seed_std")) for r in rows if name in r]
+        if not points:
+            continue
+        xs, ys, spread = (np.asarray(v, np.float64) for v in zip(*points, strict=True))
+        line, = ax.plot(xs, ys, marker="o" if label == "eval" else None, markersize=3,
+                        label=label if np.isnan(spread).all() else f"{label}, mean ± std of seeds")
+        if not np.isnan(spread).all():
+            ax.fill_between(xs, ys - spread, ys + spread, color=line.get_color(), alpha=0.2)
+            for k in range(max(int(n.rsplit("_", 1)[1]) for r in rows for n in r
+                               if n.startswith(f"{name}/seed_") and n[-1].isdigit()) + 1):
+                seed = [(r["step"], r[f"{name}/seed_{k}"]) for r in rows
+                        if f"{name}/seed_{k}" in r]
+                if seed:
+                    ax.plot(*zip(*seed, strict=True), color=line.get_color(), alpha=0.3,
+                            linewidth=0.6)
+        plotted = True
     if plotted:
         ax.set_xlabel(x_label.replace("_", " "))
         ax.set_ylabel("return")

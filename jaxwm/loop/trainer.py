@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import EVALUATE, Algorithm
 from jaxwm.loop.checkpoint import Checkpointer, prepare_workdir
 from jaxwm.loop.metrics import MEDIA, MetricWindow, MetricWriter, plot_learning_curve
@@ -144,8 +145,8 @@ class Trainer:
     # ------------------------------------------------------------------ state
 
     def _initial(self):
-        key = jax.random.PRNGKey(self.config.seed)
-        key, init_key = jax.random.split(key)
+        key = seeds.loop_key(self.config.seed, self.config.num_seeds, self.config.env.num_envs)
+        key, init_key = seeds.split(key)
         state = self.algorithm.init(init_key)
         return state, key
 
@@ -268,7 +269,7 @@ class Trainer:
                 while not sched.finished:
                     index = sched.phase_index
                     phase, name = sched.next_call()
-                    key, hook_key = jax.random.split(key)
+                    key, hook_key = seeds.split(key)
                     before = sched.totals[x_axis]
                     state = call(name, state, hook_key)
                     if sched.record(name) and phase.until and \
@@ -293,7 +294,7 @@ class Trainer:
                         continue
                     if self.evaluator is not None and stop.signal is None and (
                             due("eval") or (sched.finished and self.config.eval.at_end)):
-                        key, eval_key = jax.random.split(key)
+                        key, eval_key = seeds.split(key)
                         evaluate(state, eval_key)
                     if due("log") or phase_over:
                         log()

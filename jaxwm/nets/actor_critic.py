@@ -1,15 +1,18 @@
-"""Actor-critic network with a recurrent-carry interface shared by every backbone.
+"""Actor-critic network: observation window -> encoder -> memory backbone -> policy and value.
 
 Every call takes ``(carry, obs [B, T, *obs_shape], reset [B, T])`` (time on axis 1, the
-library convention) and returns ``(carry, distribution, value [B, T])``. Feed-forward
-backbones have an empty carry and fold time into the batch; recurrent backbones (LSTM, GRU,
-TrXL, Mamba, added later) scan over T and zero their state where ``reset`` is set. The
-rollout calls it with T = 1, the update with the whole sequence, so PPO never reshapes per
-backbone.
+library convention) and returns ``(carry, distribution, value [B, T])``. The carry is
+``(frames, memory)``: the last ``frames - 1`` vector observations (``network.frames``, the
+"4 frames" agent; empty for 1) and the backbone's memory (``nets.backbones``). Both reset
+where ``reset`` is set. The rollout calls the network with T = 1, the update with whole
+sequences, so PPO never reshapes per backbone.
 
-Layout follows CleanRL: pixels use one shared torso (Nature CNN) for both heads; vector
-observations use separate actor and critic MLPs (``separate_critic``). Output layers use
-orthogonal init with gain 0.01 (policy) and 1.0 (value).
+Layout follows CleanRL: pixels use one shared torso (Nature CNN) for both heads; with the
+feed-forward backbone, vector observations may use separate actor and critic MLPs
+(``separate_critic``). With a memory backbone both heads always read the backbone's output,
+so the critic sees the memory too (BenchNetRL's agents do the same). Each head may have its
+own hidden layers (``head_hidden``; BenchNetRL's FF agent has two of 512, its memory agents
+none). Output layers use orthogonal init with gain 0.01 (policy) and 1.0 (value).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import flax.linen as nn
 import numpy as np
 
 from jaxwm.config import ConfigError
+from jaxwm.nets import backbones
+from jaxwm.nets.backbones.window import empty_window
 from jaxwm.nets.distributions import Categorical, DiagGaussian
 from jaxwm.nets.encoders import MLP, GridCNN, NatureCNN, orthogonal
 
@@ -37,48 +42,49 @@ def make_encoder(kind: str, hidden: Sequence[int], activation: str,
     raise ConfigError(f"network.encoder={kind!r} is unknown; choose one of {ENCODERS} or 'auto'.")
 
 
-class FeedForward(nn.Module):
-    """The trivial backbone: no memory, so the carry is an empty tuple."""
-
-    @staticmethod
-    def initialize_carry(batch_size: int):
-        del batch_size
-        return ()
-
-    @nn.compact
-    def __call__(self, carry, features, reset):
-        del reset
-        return carry, features
-
-
-BACKBONES = {"ff": FeedForward}
-
-
 class ActorCritic(nn.Module):
-    """Policy and value heads over an encoder and a (possibly recurrent) backbone."""
+    """Policy and value heads over an encoder and a (possibly memory) backbone."""
 
     discrete: bool
     action_dim: int
     encoder: str = "mlp"
     hidden: Sequence[int] = (64, 64)
     activation: str = "tanh"
-    backbone: str = "ff"
+    memory: backbones.Backbone | None = None  # None: feed-forward
+    frames: int = 1  # > 1: the last `frames` vector observations, concatenated
+    obs_size: int = 0  # vector observation size, for the frame window's empty carry
+    head_hidden: Sequence[int] = ()  # hidden layers of each head (ReLU)
     separate_critic: bool = True
-    canonical_backward: bool | None = None  # see nets.conv; None: on CPU only
+    canonical_backward: bool | None = None  # see nets.conv; None: on the CPU backend only
+
+    @property
+    def has_memory(self) -> bool:
+        """Whether anything is carried between steps (PPO then trains on whole sequences)."""
+        return self.frames > 1 or self.memory is not None
 
     def initialize_carry(self, batch_size: int):
-        return BACKBONES[self.backbone].initialize_carry(batch_size)
+        window = ()
+        if self.frames > 1:
+            window = empty_window(batch_size, self.frames, self.obs_size)
+        memory = self.memory.initialize_carry(batch_size) if self.memory is not None else ()
+        return window, memory
 
     @nn.compact
     def __call__(self, carry, obs, reset):
+        window_carry, memory_carry = carry
+        if self.frames > 1:
+            window_carry, obs = backbones.FrameStack(self.frames, self.obs_size, name="frames")(
+                window_carry, obs, reset)
         batch, time = obs.shape[:2]
         flat_obs = obs.reshape((batch * time,) + obs.shape[2:])
         features = make_encoder(self.encoder, self.hidden, self.activation,
                                 self.canonical_backward)(flat_obs)
         features = features.reshape((batch, time, -1))
-        carry, features = BACKBONES[self.backbone]()(carry, features, reset)
+        if self.memory is not None:
+            memory_carry, features = self.memory(memory_carry, features, reset)
 
-        policy_out = nn.Dense(self.action_dim, kernel_init=orthogonal(0.01))(features)
+        head = lambda: MLP(tuple(self.head_hidden), "relu")  # noqa: E731
+        policy_out = nn.Dense(self.action_dim, kernel_init=orthogonal(0.01))(head()(features))
         if self.discrete:
             dist = Categorical(policy_out)
         else:
@@ -90,28 +96,42 @@ class ActorCritic(nn.Module):
             critic_in = critic_in.reshape((batch, time, -1))
         else:
             critic_in = features
-        value = nn.Dense(1, kernel_init=orthogonal(1.0))(critic_in)[..., 0]
-        return carry, dist, value
+        value = nn.Dense(1, kernel_init=orthogonal(1.0))(head()(critic_in))[..., 0]
+        return (window_carry, memory_carry), dist, value
+
+
+def resolve_encoder(spec, encoder: str) -> str:
+    if encoder != "auto":
+        return encoder
+    if not spec.is_pixels:
+        return "mlp"
+    return "grid_cnn" if spec.family == "minigrid" else "nature_cnn"
+
+
+def validate(spec, net_config) -> None:
+    """Checks the network config against the env before anything is built."""
+    backbones.validate(net_config)
+    if net_config.frames > 1 and spec.is_pixels:
+        raise ConfigError(f"network.frames={net_config.frames} stacks vector observations; "
+                          f"{spec.env_id} has pixels: set env.frame_stack instead (Atari).")
 
 
 def make_actor_critic(spec, net_config) -> ActorCritic:
     """Builds the network for an EnvSpec from a config's ``network`` block."""
-    encoder = net_config.encoder
-    if encoder == "auto":
-        if not spec.is_pixels:
-            encoder = "mlp"
-        elif spec.family == "minigrid":
-            encoder = "grid_cnn"
-        else:
-            encoder = "nature_cnn"
+    validate(spec, net_config)
+    encoder = resolve_encoder(spec, net_config.encoder)
+    feed_forward = net_config.backbone == "ff"
     return ActorCritic(
         discrete=spec.discrete,
         action_dim=spec.num_actions if spec.discrete else int(np.prod(spec.action_shape)),
         encoder=encoder,
         hidden=tuple(net_config.hidden),
         activation=net_config.activation,
-        backbone=net_config.backbone,
-        separate_critic=bool(net_config.separate_critic) and encoder == "mlp",
+        memory=None if feed_forward else backbones.make(net_config),
+        frames=int(net_config.frames),
+        obs_size=int(np.prod(spec.obs_shape)) if not spec.is_pixels else 0,
+        head_hidden=tuple(net_config.ff.head_hidden) if feed_forward else (),
+        # A memory backbone's critic reads the backbone: a separate MLP would bypass the memory.
+        separate_critic=bool(net_config.separate_critic) and encoder == "mlp" and feed_forward,
     )
-
 
