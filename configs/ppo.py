@@ -1,7 +1,9 @@
 """PPO configs. Launch: python -m jaxwm.train --config=configs/ppo.py:<variant>
 
 Variants: cartpole (default; solves CartPole-v1 in ~200k steps), atari, mujoco, minigrid,
-and the partially observable cartpole_masked and lunarlander_masked (velocities zeroed).
+the partially observable cartpole_masked and lunarlander_masked (velocities zeroed), and
+mujoco_memory (BenchNetRL's MuJoCo defaults, 8 envs: CleanRL's mujoco has one env, which a
+memory backbone, shuffling whole envs, cannot split into minibatches).
 Atari/MuJoCo defaults follow CleanRL (REFERENCE.md), whose settings are also BenchNetRL's
 defaults; cartpole and minigrid are tuned for quick solves.
 
@@ -10,13 +12,23 @@ gtrxl, mamba or mamba2, sized by its ``network.<block>`` (BenchNetRL's Atari siz
 classic-control defaults in the masked variants). BenchNetRL's own Atari runs also use 16 envs,
 8 minibatches and one frame for every agent but "PPO-4":
 ``--config.env.num_envs=16 --config.ppo.num_minibatches=8 --config.env.frame_stack=1``.
+
+BenchNetRL's MiniGrid and MuJoCo run scripts are empty at its HEAD (SafeRL-Lab/BenchNetRL
+55b36a1), so its scripts' argparse defaults are all there is: for both, 8 envs x 128 steps,
+4 minibatches, 4 epochs, lr 2.5e-4, clip 0.1, ent 0.01 and the classic-control sizes above
+(``CLASSIC_MEMORY``; use ``--config.network.rnn.hidden=512`` etc. to match on those envs).
+Known differences kept here: its MiniGrid agents see 84x84 RGB renders of a 3x3 view through
+the Nature CNN, while envpool's MiniGrid gives the symbolic grid (``grid_cnn``); its TrXL
+script anneals the rate to 1e-5 with AdamW and the entropy coefficient from 1e-4 to 1e-6,
+which jaxwm's one PPO does not.
 """
 
 import ml_collections
 
 from jaxwm.config import base_config
 
-VARIANTS = ("cartpole", "atari", "mujoco", "minigrid", "cartpole_masked", "lunarlander_masked")
+VARIANTS = ("cartpole", "atari", "mujoco", "minigrid", "cartpole_masked", "lunarlander_masked",
+            "mujoco_memory")
 
 # BenchNetRL's scripts' defaults for classic control (ppo.py, ppo_lstm.py, ppo_trxl.py,
 # ppo_mamba.py; its run scripts for these envs set nothing): 8 envs x 128 steps, 4 minibatches,
@@ -122,6 +134,19 @@ def get_config(variant: str = "cartpole") -> ml_collections.ConfigDict:
         c.ppo = ppo_block(num_steps=2048, learning_rate=3e-4, num_minibatches=32,
                           update_epochs=10, ent_coef=0.0, normalize_obs=True,
                           normalize_reward=True)
+        c.log.every = "20480 env_steps"
+        c.eval.every = "100000 env_steps"
+        c.eval.num_envs = 5
+        c.eval.num_episodes = 5
+        c.eval.temperature = 0.0
+    elif variant == "mujoco_memory":
+        # BenchNetRL's scripts' defaults for MuJoCo with any backbone (8 envs, so memory
+        # backbones can shuffle whole envs): its encoder Linear(64)+Tanh, Linear(512)+Tanh.
+        c.env.id = "HalfCheetah-v4"
+        c.env.num_envs = 8
+        c.total_env_steps = 10_000_000
+        c.ppo = ppo_block(clip_coef=0.1, normalize_obs=True, normalize_reward=True)
+        c.network = network_block(**{**CLASSIC_MEMORY, "hidden": (64, 512), "activation": "tanh"})
         c.log.every = "20480 env_steps"
         c.eval.every = "100000 env_steps"
         c.eval.num_envs = 5

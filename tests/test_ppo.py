@@ -147,6 +147,19 @@ def test_one_and_four_devices_agree(run_script):
                 "ppo.update_epochs": 1, "env.max_episode_steps": 40}),
     ("minigrid", {"env.num_envs": 2, "ppo.num_steps": 16, "ppo.num_minibatches": 2,
                   "ppo.update_epochs": 1}),
+    # Memory backbones end to end, on the envs the BenchNetRL issue names.
+    ("minigrid", {"env.num_envs": 2, "ppo.num_steps": 16, "ppo.num_minibatches": 2,
+                  "ppo.update_epochs": 1, "env.id": "MiniGrid-MemoryS11-v0",
+                  "network.backbone": "gtrxl", "network.trxl.dim": 32,
+                  "network.trxl.memory": 8}),
+    ("mujoco_memory", {"env.num_envs": 2, "ppo.num_steps": 16, "ppo.num_minibatches": 2,
+                       "ppo.update_epochs": 1, "env.max_episode_steps": 40,
+                       "network.backbone": "mamba", "network.mamba.dim": 32,
+                       "network.hidden": (16, 32)}),
+    ("lunarlander_masked", {"env.num_envs": 2, "ppo.num_steps": 16, "ppo.num_minibatches": 2,
+                            "ppo.update_epochs": 1, "env.max_episode_steps": 50,
+                            "network.backbone": "mamba2", "network.mamba2.dim": 64,
+                            "network.hidden": (32,)}),
 ])
 def test_every_variant_runs_a_few_iterations(tmp_path, variant, overrides):
     config = ppo_config(variant, **overrides)

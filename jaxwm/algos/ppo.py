@@ -74,8 +74,10 @@ def validate(config) -> None:
             "An annealed run cannot be extended past its schedule: start a new run with the "
             "longer total_env_steps (or use ppo.anneal_lr=False for runs you mean to extend).")
     if sequences % p.num_minibatches:
+        hint = " (MuJoCo with a memory backbone: configs/ppo.py:mujoco_memory)" \
+            if recurrent and num_envs == 1 else ""
         raise ConfigError(f"ppo.num_minibatches={p.num_minibatches} must divide {what} = "
-                          f"{sequences}.")
+                          f"{sequences}{hint}.")
     num_devices = config.num_devices or jax.device_count()
     if (sequences // p.num_minibatches) % num_devices:
         raise ConfigError(f"A minibatch holds {sequences // p.num_minibatches} sequences, which "

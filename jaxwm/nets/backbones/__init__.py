@@ -1,5 +1,5 @@
 """Memory backbones behind one interface (``base.Backbone``): FF, LSTM, GRU, TrXL, GTrXL,
-Mamba and Mamba-2, as compared by BenchNetRL (Ozkan et al. 2025, arXiv 2505.15040).
+Mamba and Mamba-2, as compared by BenchNetRL ("RLBenchNet", Smirnov & Gu 2025, arXiv 2505.15040).
 
 ``make(config)`` builds the one ``config.backbone`` names, from its block of the network
 config; ``validate(config)`` checks the choice and its sizes on the host, with messages that
