@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 
 import jax
 
+from jaxwm.loop import seeds
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
@@ -126,6 +128,66 @@ def iterations_for(window_s: float, seconds_per_iteration: float, minimum: int =
     return max(minimum, math.ceil(window_s / max(seconds_per_iteration, 1e-9)))
 
 
+# ----------------------------------------------------------------------------- PPO
+
+
+def ppo_iteration(algo, state, key):
+    """One collect + update_agent; returns ``(state, collect_s, update_s)``, each blocked on."""
+    collect, update = algo.hooks["collect"].fn, algo.hooks["update_agent"].fn
+    k1, k2 = seeds.split(key)
+    start = time.perf_counter()
+    state, passed, metrics = collect(state, {}, k1)
+    block((passed, metrics))
+    middle = time.perf_counter()
+    state, _, metrics = update(state, passed, k2)
+    block(metrics)
+    return state, middle - start, time.perf_counter() - middle
+
+
+def ppo_end_to_end(config, window_s: float, repeats: int, max_iterations: int,
+                   probe: Callable | None = None) -> dict:
+    """Compile + first iteration, then ``repeats`` windows of N steady-state iterations, where N
+    fills ``window_s`` seconds (at least 1, at most ``max_iterations``). ``probe(algo, state)``,
+    if given, runs after the windows and adds its dict to the result. With
+    ``config.num_seeds`` > 1, ``steps_per_s`` counts each seed's steps (loop.seeds)."""
+    from jaxwm.algos import ppo as ppo_algo
+
+    start = time.perf_counter()
+    algo = ppo_algo.build(config)
+    key = seeds.loop_key(config.seed, config.num_seeds, config.env.num_envs)
+    key, init_key = seeds.split(key)
+    state = block(algo.init(init_key))
+    build_s = time.perf_counter() - start
+    extra = {}
+    try:
+        key, sub = seeds.split(key)
+        state, first_collect, first_update = ppo_iteration(algo, state, sub)
+        key, sub = seeds.split(key)
+        state, c, u = ppo_iteration(algo, state, sub)  # sizes the window
+        n = min(max_iterations, iterations_for(window_s, c + u))
+        steps_per_iteration = algo.hooks["collect"].counts["env_steps"]
+        sps, collect_s, update_s = [], [], []
+        for _ in range(repeats):
+            window = time.perf_counter()
+            for _ in range(n):
+                key, sub = seeds.split(key)
+                state, c, u = ppo_iteration(algo, state, sub)
+                collect_s.append(c)
+                update_s.append(u)
+            sps.append(n * steps_per_iteration / (time.perf_counter() - window))
+        if probe is not None:
+            extra = probe(algo, state)
+    finally:
+        algo.close()
+    memory, memory_kind = peak_memory()
+    return {"steps_per_s": median(sps), "compile_s": first_collect + first_update,
+            "compile_collect_s": first_collect, "compile_update_s": first_update,
+            "build_init_s": build_s, "collect_s": median(collect_s), "update_s": median(update_s),
+            "iterations": f"{repeats} x {n}", "steps_per_iteration": steps_per_iteration,
+            "samples_steps_per_s": sps, "peak_mem_mib": memory, "mem_kind": memory_kind,
+            **extra}
+
+
 # ----------------------------------------------------------------------------- memory
 
 
@@ -185,11 +247,12 @@ def _json_safe(value):
 
 
 def write_results(name: str, rows: list[dict], hardware: dict, notes: Sequence[str],
-                  columns: Sequence[str] | None = None, quick: bool = False) -> str:
-    """Writes ``results/<name>_<backend>[_quick].{json,md}``, prints the markdown, returns the
-    path stem. The JSON keeps every key of every row; the markdown shows ``columns``."""
-    os.makedirs(RESULTS, exist_ok=True)
-    stem = os.path.join(RESULTS, f"{name}_{hardware['backend']}" + ("_quick" if quick else ""))
+                  columns: Sequence[str] | None = None, quick: bool = False,
+                  directory: str = RESULTS) -> str:
+    """Writes ``<directory>/<name>_<backend>[_quick].{json,md}``, prints the markdown, returns
+    the path stem. The JSON keeps every key of every row; the markdown shows ``columns``."""
+    os.makedirs(directory, exist_ok=True)
+    stem = os.path.join(directory, f"{name}_{hardware['backend']}" + ("_quick" if quick else ""))
     with open(stem + ".json", "w") as f:
         json.dump(_json_safe({"name": name, "quick": quick, "hardware": hardware, "rows": rows,
                               "notes": list(notes)}), f, indent=2)

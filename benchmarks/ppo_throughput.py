@@ -32,12 +32,9 @@ import numpy as np
 from common import (
     ROOT,
     Timing,
-    block,
     hardware,
-    iterations_for,
-    median,
     parser,
-    peak_memory,
+    ppo_end_to_end,
     timed,
     write_results,
 )
@@ -45,7 +42,6 @@ from common import (
 import jaxwm.config
 from jaxwm import train
 from jaxwm.agents.ppo import resolve_loop_form
-from jaxwm.algos import ppo as ppo_algo
 from jaxwm.envs import make_env
 
 CONFIG_FILE = os.path.join(ROOT, "configs", "ppo.py")
@@ -152,50 +148,6 @@ def raw_rows(variant: str, num_envs: int, steps: int, repeats: int) -> list[dict
 
 
 # ----------------------------------------------------------------------------- PPO
-
-
-def ppo_iteration(algo, state, key):
-    """One collect + update_agent; returns ``(state, collect_s, update_s)``, each blocked on."""
-    collect, update = algo.hooks["collect"].fn, algo.hooks["update_agent"].fn
-    k1, k2 = jax.random.split(key)
-    start = time.perf_counter()
-    state, passed, metrics = collect(state, {}, k1)
-    block((passed, metrics))
-    middle = time.perf_counter()
-    state, _, metrics = update(state, passed, k2)
-    block(metrics)
-    return state, middle - start, time.perf_counter() - middle
-
-
-def ppo_end_to_end(config, window_s: float, repeats: int, max_iterations: int) -> dict:
-    """Compile + first iteration, then ``repeats`` windows of N steady-state iterations, where N
-    fills ``window_s`` seconds (at least 1, at most ``max_iterations``)."""
-    start = time.perf_counter()
-    algo = ppo_algo.build(config)
-    key = jax.random.PRNGKey(config.seed)
-    state = block(algo.init(key))
-    build_s = time.perf_counter() - start
-    try:
-        state, first_collect, first_update = ppo_iteration(algo, state, jax.random.fold_in(key, 0))
-        state, c, u = ppo_iteration(algo, state, jax.random.fold_in(key, 1))  # sizes the window
-        n = min(max_iterations, iterations_for(window_s, c + u))
-        steps_per_iteration = algo.hooks["collect"].counts["env_steps"]
-        sps, collect_s, update_s = [], [], []
-        for r in range(repeats):
-            window = time.perf_counter()
-            for i in range(n):
-                state, c, u = ppo_iteration(algo, state, jax.random.fold_in(key, 2 + r * n + i))
-                collect_s.append(c)
-                update_s.append(u)
-            sps.append(n * steps_per_iteration / (time.perf_counter() - window))
-    finally:
-        algo.close()
-    memory, memory_kind = peak_memory()
-    return {"steps_per_s": median(sps), "compile_s": first_collect + first_update,
-            "compile_collect_s": first_collect, "compile_update_s": first_update,
-            "build_init_s": build_s, "collect_s": median(collect_s), "update_s": median(update_s),
-            "iterations": f"{repeats} x {n}", "steps_per_iteration": steps_per_iteration,
-            "samples_steps_per_s": sps, "peak_mem_mib": memory, "mem_kind": memory_kind}
 
 
 def ppo_rows(variant: str, forms: list[str], args, raw_xla_sps: float, backend: str) -> list[dict]:
