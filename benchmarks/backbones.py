@@ -90,7 +90,7 @@ def update_memory_mib(algo, config, state) -> float:
     from jaxwm.nets.actor_critic import make_actor_critic
 
     # The algorithm's update is a closure: build the same one, then lower it on its inputs.
-    network = make_actor_critic(algo_spec(algo, config), config.network)
+    network = make_actor_critic(env_spec(config), config.network)
     hyper = ppo.PPOHyper.from_config(config.ppo, recurrent=network.has_memory)
     optimizer = ppo.make_optimizer(config.ppo, anneal_iterations(config),
                                    backbones.learning_rate_scale(config.network))
@@ -104,9 +104,8 @@ def update_memory_mib(algo, config, state) -> float:
     return total / 2**20
 
 
-def algo_spec(algo, config):
-    """The env spec PPO built its network for (the training pool's)."""
-    del algo
+def env_spec(config):
+    """The env spec PPO builds its network for (the network does not depend on the pool size)."""
     from jaxwm.envs import make_env
 
     env = make_env(config.env, num_envs=config.env.num_envs, seed=config.seed)
