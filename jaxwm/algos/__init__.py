@@ -10,6 +10,7 @@ from jaxwm.config import ConfigError
 REGISTRY = {
     "ppo": "jaxwm.algos.ppo",
     "mbrs": "jaxwm.algos.mbrs",
+    "sac": "jaxwm.algos.sac",
 }
 
 

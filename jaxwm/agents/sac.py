@@ -1,0 +1,245 @@
+"""Soft Actor-Critic as pure functions: networks, action sampling, one update, K updates.
+
+Haarnoja et al. 2018, "Soft Actor-Critic Algorithms and Applications" (arXiv:1812.05905):
+twin Q-functions with target networks updated by Polyak averaging (sec. 5, eq. 5-6 with the
+clipped double-Q minimum of Fujimoto et al. 2018), a tanh-squashed Gaussian actor trained by
+reparameterisation (eq. 7-9, log-likelihood correction of appendix C), and automatic
+temperature adjustment toward a target entropy of -|A| (sec. 5, eq. 18).
+
+The same update serves online SAC (``jaxwm.algos.sac``, replay of env transitions) and offline
+model-based RL (MOPO / GORMPO, batches mixed from the dataset and model rollouts): it takes a
+``sample(source, key) -> batch`` function and runs K updates in one ``lax.scan``, so where
+the batches come from is the caller's business and ``source`` is a jit argument (never a
+compiled constant). A batch is a dict with ``obs``, ``action`` (env scale), ``reward``,
+``next_obs`` and ``terminated`` (1 where the episode really ended: no bootstrap; truncation
+bootstraps).
+
+Actions: the actor's tanh output in [-1, 1] is mapped affinely onto the env's [low, high]
+box, and the log-probability includes that map's log-determinant (CleanRL's
+``action_scale``), so the entropy target means the same for every box.
+
+Data parallel: with ``sharding`` given, each sampled batch is constrained to be split over
+the ``data`` mesh axis while parameters stay replicated, so XLA computes per-device
+gradients and all-reduces them (as PPO, ``jaxwm.agents.ppo``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # CleanRL's bounds, reached through a tanh
+
+
+class TanhGaussianActor(nn.Module):
+    """obs -> (mean, log_std) of the pre-tanh Gaussian."""
+
+    action_dim: int
+    hidden: Sequence[int] = (256, 256)
+
+    @nn.compact
+    def __call__(self, obs):
+        x = obs
+        for width in self.hidden:
+            x = nn.relu(nn.Dense(width)(x))
+        mean = nn.Dense(self.action_dim)(x)
+        log_std = jnp.tanh(nn.Dense(self.action_dim)(x))
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
+        return mean, log_std
+
+
+class QNetwork(nn.Module):
+    hidden: Sequence[int] = (256, 256)
+
+    @nn.compact
+    def __call__(self, obs, action):
+        x = jnp.concatenate([obs, action], -1)
+        for width in self.hidden:
+            x = nn.relu(nn.Dense(width)(x))
+        return nn.Dense(1)(x)[..., 0]
+
+
+class Critics(nn.Module):
+    """``num`` independent Q-networks evaluated together: output [num, batch]."""
+
+    num: int = 2
+    hidden: Sequence[int] = (256, 256)
+
+    @nn.compact
+    def __call__(self, obs, action):
+        ensemble = nn.vmap(QNetwork, variable_axes={"params": 0}, split_rngs={"params": True},
+                           in_axes=None, out_axes=0, axis_size=self.num)
+        return ensemble(self.hidden)(obs, action)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionBox:
+    """The affine map from the actor's [-1, 1] onto the env's [low, high]."""
+
+    low: np.ndarray
+    high: np.ndarray
+
+    @property
+    def center(self):
+        return jnp.asarray((self.high + self.low) / 2, jnp.float32)
+
+    @property
+    def half_width(self):
+        return jnp.asarray((self.high - self.low) / 2, jnp.float32)
+
+    def uniform(self, key, shape):
+        return jax.random.uniform(key, shape + self.low.shape, minval=self.low, maxval=self.high)
+
+
+def squashed_sample(mean, log_std, box: ActionBox, key, temperature=1.0):
+    """A reparameterised sample a = center + half * tanh(mean + T * std * eps) and its
+    log-probability (appendix C: log N(u) - sum log(1 - tanh(u)^2), plus -sum log(half)).
+    ``temperature`` 0 gives tanh(mean), the mode used for deterministic evaluation."""
+    std = jnp.exp(log_std)
+    eps = jax.random.normal(key, mean.shape)
+    u = mean + temperature * std * eps
+    gaussian = -0.5 * eps**2 - log_std - 0.5 * np.log(2 * np.pi)
+    # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), stable for large |u|.
+    squash = 2.0 * (np.log(2.0) - u - jax.nn.softplus(-2.0 * u))
+    log_prob = jnp.sum(gaussian - squash - jnp.log(box.half_width), -1)
+    return box.center + box.half_width * jnp.tanh(u), log_prob
+
+
+@dataclasses.dataclass(frozen=True)
+class SACHyper:
+    gamma: float = 0.99
+    tau: float = 0.005
+    batch_size: int = 256
+    actor_lr: float = 3e-4
+    critic_lr: float = 3e-4
+    alpha_lr: float = 3e-4
+    auto_alpha: bool = True
+    initial_alpha: float = 1.0
+    target_entropy: float | None = None  # None: -action_dim
+
+    @classmethod
+    def from_config(cls, cfg) -> SACHyper:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in cfg.items() if k in fields})
+
+
+@struct.dataclass
+class Learner:
+    actor: Any
+    critic: Any
+    target_critic: Any
+    log_alpha: jax.Array
+    actor_opt: Any
+    critic_opt: Any
+    alpha_opt: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class SACNets:
+    actor: TanhGaussianActor
+    critics: Critics
+    box: ActionBox
+
+    @classmethod
+    def create(cls, box: ActionBox, actor_hidden=(256, 256), critic_hidden=(256, 256),
+               num_critics: int = 2) -> SACNets:
+        return cls(TanhGaussianActor(int(np.prod(box.low.shape)), tuple(actor_hidden)),
+                   Critics(num_critics, tuple(critic_hidden)), box)
+
+    def act(self, actor_params, obs, key, temperature=1.0):
+        mean, log_std = self.actor.apply(actor_params, obs)
+        return squashed_sample(mean, log_std, self.box, key, temperature)
+
+
+def optimizers(hyper: SACHyper):
+    return optax.adam(hyper.actor_lr), optax.adam(hyper.critic_lr), optax.adam(hyper.alpha_lr)
+
+
+def init_learner(nets: SACNets, hyper: SACHyper, key, obs_dim: int) -> Learner:
+    k_actor, k_critic = jax.random.split(key)
+    obs = jnp.zeros((1, obs_dim))
+    action = jnp.zeros((1,) + nets.box.low.shape)
+    actor = nets.actor.init(k_actor, obs)
+    critic = nets.critics.init(k_critic, obs, action)
+    log_alpha = jnp.asarray(np.log(hyper.initial_alpha), jnp.float32)
+    actor_tx, critic_tx, alpha_tx = optimizers(hyper)
+    # A copy, not the same buffers: updates donate the learner.
+    target_critic = jax.tree.map(jnp.copy, critic)
+    return Learner(actor=actor, critic=critic, target_critic=target_critic, log_alpha=log_alpha,
+                   actor_opt=actor_tx.init(actor), critic_opt=critic_tx.init(critic),
+                   alpha_opt=alpha_tx.init(log_alpha))
+
+
+def update_step(nets: SACNets, hyper: SACHyper, learner: Learner, batch, key):
+    """One SAC update: critics, then actor (on the updated critics), temperature, targets."""
+    actor_tx, critic_tx, alpha_tx = optimizers(hyper)
+    target_entropy = (-float(np.prod(nets.box.low.shape)) if hyper.target_entropy is None
+                      else hyper.target_entropy)
+    k_next, k_pi = jax.random.split(key)
+    alpha = jnp.exp(learner.log_alpha)
+
+    next_action, next_log_prob = nets.act(learner.actor, batch["next_obs"], k_next)
+    next_q = jnp.min(nets.critics.apply(learner.target_critic, batch["next_obs"], next_action), 0)
+    not_done = 1.0 - batch["terminated"].astype(jnp.float32)
+    target = batch["reward"] + hyper.gamma * not_done * (next_q - alpha * next_log_prob)
+    target = jax.lax.stop_gradient(target)
+
+    def critic_loss(params):
+        q = nets.critics.apply(params, batch["obs"], batch["action"])
+        return jnp.sum(jnp.mean((q - target) ** 2, -1)), q
+
+    (q_loss, q), grads = jax.value_and_grad(critic_loss, has_aux=True)(learner.critic)
+    updates, critic_opt = critic_tx.update(grads, learner.critic_opt, learner.critic)
+    critic = optax.apply_updates(learner.critic, updates)
+
+    def actor_loss(params):
+        action, log_prob = nets.act(params, batch["obs"], k_pi)
+        q_pi = jnp.min(nets.critics.apply(critic, batch["obs"], action), 0)
+        return jnp.mean(alpha * log_prob - q_pi), log_prob
+
+    (pi_loss, log_prob), grads = jax.value_and_grad(actor_loss, has_aux=True)(learner.actor)
+    updates, actor_opt = actor_tx.update(grads, learner.actor_opt, learner.actor)
+    actor = optax.apply_updates(learner.actor, updates)
+
+    log_alpha, alpha_opt, alpha_loss = learner.log_alpha, learner.alpha_opt, jnp.zeros(())
+    if hyper.auto_alpha:
+        entropy_gap = jax.lax.stop_gradient(log_prob + target_entropy)
+        alpha_loss_fn = lambda la: -jnp.mean(la * entropy_gap)  # noqa: E731
+        alpha_loss, grad = jax.value_and_grad(alpha_loss_fn)(learner.log_alpha)
+        updates, alpha_opt = alpha_tx.update(grad, learner.alpha_opt, learner.log_alpha)
+        log_alpha = optax.apply_updates(learner.log_alpha, updates)
+
+    target_critic = optax.incremental_update(critic, learner.target_critic, hyper.tau)
+    metrics = {"losses/q_loss": q_loss, "losses/actor_loss": pi_loss,
+               "losses/alpha_loss": alpha_loss, "agent/alpha": alpha,
+               "agent/q_mean": jnp.mean(q), "agent/entropy": -jnp.mean(log_prob)}
+    return Learner(actor, critic, target_critic, log_alpha, actor_opt, critic_opt,
+                   alpha_opt), metrics
+
+
+def make_update(nets: SACNets, hyper: SACHyper, sample: Callable[[Any, jax.Array], Any],
+                num_updates: int, sharding=None):
+    """``update(learner, source, key) -> (learner, metrics)``: ``num_updates`` SAC updates in
+    one ``lax.scan``, each on ``sample(source, key)``; metrics are means over the updates.
+    Not jitted here: the caller jits it with its own donation and placement."""
+
+    def update(learner, source, key):
+        def body(learner, k):
+            k_sample, k_step = jax.random.split(k)
+            batch = sample(source, k_sample)
+            if sharding is not None:
+                batch = jax.lax.with_sharding_constraint(batch, sharding)
+            return update_step(nets, hyper, learner, batch, k_step)
+
+        learner, metrics = jax.lax.scan(body, learner, jax.random.split(key, num_updates))
+        return learner, jax.tree.map(jnp.mean, metrics)
+
+    return update

@@ -1,0 +1,180 @@
+"""Online SAC wired to envpool and the loop: hooks ``collect`` and ``update_agent``.
+
+``collect`` steps the envs ``sac.steps_per_collect`` times in one jitted ``lax.scan`` through
+envpool's XLA handle, acting uniformly at random until the replay holds
+``sac.learning_starts`` transitions and with the current actor after, and adds the valid
+transitions (not envpool's reset transitions, ``jaxwm.envs.types``) to a device-resident
+replay (``jaxwm.data.replay``). ``update_agent`` runs ``sac.updates_per_step`` updates per
+collected env step in one jitted scan (``jaxwm.agents.sac.make_update``). Truncated episodes
+bootstrap; terminated ones do not.
+
+Devices: envpool's custom call runs once, on the mesh's first device, so ``collect`` runs
+there and returns the new transitions; the replay and the learner are replicated over the
+mesh (with one device: left where JAX puts them), the transitions are broadcast to it, and
+each update's batch is split over the ``data`` axis (gradients all-reduced by XLA).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxwm import backend, parallel
+from jaxwm.agents import sac
+from jaxwm.config import ConfigError
+from jaxwm.data import replay
+from jaxwm.envs import EpisodeStats, episode_metrics, make_env
+from jaxwm.loop.algorithm import Algorithm, Hook, Policy
+
+
+@struct.dataclass
+class Actor:
+    obs: jax.Array
+    prev_done: jax.Array
+    stats: EpisodeStats
+
+
+@struct.dataclass
+class SACState:
+    learner: sac.Learner
+    replay: replay.ReplayState
+    actor: Actor
+
+
+def validate(config) -> None:
+    s = config.sac
+    num_devices = config.num_devices or jax.device_count()
+    checks = [
+        (config.num_seeds == 1, "num_seeds > 1 is not supported by SAC yet (PPO has it): run "
+                                "one process per seed."),
+        (s.steps_per_collect > 0, "sac.steps_per_collect must be > 0."),
+        (s.updates_per_step > 0, "sac.updates_per_step must be > 0."),
+        (s.capacity >= s.learning_starts > 0,
+         "sac.learning_starts must be > 0 and at most sac.capacity."),
+        (s.batch_size > 0 and s.batch_size % num_devices == 0,
+         f"sac.batch_size={s.batch_size} must be > 0 and split over {num_devices} devices."),
+        (0.0 < s.tau <= 1.0 and 0.0 <= s.gamma <= 1.0, "sac.tau must be in (0, 1] and "
+                                                       "sac.gamma in [0, 1]."),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def updates_per_collect(config) -> int:
+    s = config.sac
+    return max(1, round(s.updates_per_step * s.steps_per_collect * config.env.num_envs))
+
+
+def build(config) -> Algorithm:
+    s = config.sac
+    env = make_env(config.env, num_envs=config.env.num_envs, seed=config.seed)
+    spec = env.spec
+    if spec.discrete or len(spec.obs_shape) != 1:
+        env.close()
+        raise ConfigError(f"SAC here acts in continuous action spaces from vector observations;"
+                          f" {spec.env_id} has obs {spec.obs_shape}, discrete={spec.discrete}.")
+    obs_dim = spec.obs_shape[0]
+    box = sac.ActionBox(np.asarray(spec.action_low), np.asarray(spec.action_high))
+    nets = sac.SACNets.create(box, s.actor_hidden, s.critic_hidden)
+    hyper = sac.SACHyper.from_config(s)
+    mesh = parallel.data_mesh(config.num_devices or None)
+    multi_device = mesh.size > 1
+    replicate = (lambda tree: jax.device_put(tree, parallel.replicated(mesh))) if multi_device \
+        else (lambda tree: tree)
+    env_device = mesh.devices.flat[0]
+    num_updates = updates_per_collect(config)
+    env_handle = {"handle": None}
+
+    def sample(replay_state, key):
+        return replay.sample(replay_state, key, hyper.batch_size)
+
+    update = sac.make_update(nets, hyper, sample, num_updates,
+                             parallel.batch_sharding(mesh) if multi_device else None)
+    _update = backend.jit(update, donate_argnums=0)
+
+    def fresh_actor():
+        env_handle["handle"], first = env.xla_reset()
+        n = spec.num_envs
+        actor = Actor(first.obs, jnp.zeros(n, bool), EpisodeStats.create(n))
+        return jax.device_put(actor, env_device) if multi_device else actor
+
+    def init(key):
+        example = {"obs": jnp.zeros(obs_dim), "action": jnp.zeros(box.low.shape),
+                   "reward": jnp.zeros(()), "next_obs": jnp.zeros(obs_dim),
+                   "terminated": jnp.zeros((), bool)}
+        learner = sac.init_learner(nets, hyper, key, obs_dim)
+        return SACState(replicate(learner), replicate(replay.init(s.capacity, example)),
+                        fresh_actor())
+
+    @partial(backend.jit, donate_argnums=1)
+    def _collect(actor_params, actor: Actor, handle, random, key):
+        def step(carry, step_key):
+            actor, handle = carry
+            k_random, k_policy = jax.random.split(step_key)
+            action = jax.lax.cond(
+                random, lambda: box.uniform(k_random, (spec.num_envs,)),
+                lambda: nets.act(actor_params, actor.obs, k_policy)[0])
+            handle, res = env.xla_step(handle, action)
+            stats, completed = actor.stats.update(res)
+            transition = {"obs": actor.obs, "action": action, "reward": res.reward,
+                          "next_obs": res.obs, "terminated": res.terminated}
+            return (Actor(res.obs, res.done, stats), handle), (transition, ~actor.prev_done,
+                                                               completed)
+
+        (actor, handle), (batch, valid, completed) = jax.lax.scan(
+            step, (actor, handle), jax.random.split(key, s.steps_per_collect))
+        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), (batch, valid))
+        return actor, handle, flat, episode_metrics(completed)
+
+    @partial(backend.jit, donate_argnums=0)
+    def _add(buffer, batch, valid):
+        buffer = replay.add(buffer, batch, valid)
+        # A buffer of its own (float), not the replay's size, which the next add donates.
+        return buffer, buffer.size.astype(jnp.float32)
+
+    def on_env_device(tree):
+        if not multi_device:
+            return tree
+        return jax.tree.map(lambda x: next(s.data for s in x.addressable_shards
+                                           if s.device == env_device), tree)
+
+    def collect_hook(state: SACState, data, key):
+        del data
+        random = state.replay.size < s.learning_starts  # a device scalar: no host sync
+        actor, env_handle["handle"], (batch, valid), metrics = _collect(
+            on_env_device(state.learner.actor), state.actor, env_handle["handle"],
+            on_env_device(random), key)
+        buffer, size = _add(state.replay, *replicate((batch, valid)))
+        metrics = {**metrics, "charts/replay_size": size}
+        return state.replace(actor=actor, replay=buffer), {}, metrics
+
+    def update_hook(state: SACState, data, key):
+        del data
+        learner, metrics = _update(state.learner, state.replay, key)
+        return state.replace(learner=learner), {}, metrics
+
+    @backend.jit
+    def act(state, carry, obs, is_first, key, temperature):
+        del is_first
+        action, _ = nets.act(state.learner.actor, jnp.asarray(obs, jnp.float32), key,
+                             temperature)
+        return carry, action
+
+    return Algorithm(
+        name="SAC",
+        init=init,
+        hooks={
+            "collect": Hook(collect_hook, counts={"env_steps": spec.num_envs * s.steps_per_collect}),
+            "update_agent": Hook(update_hook, counts={"agent_updates": num_updates}),
+        },
+        policy=Policy(init_carry=lambda state, n: (), act=act),
+        # Learner and replay continue exactly on resume; the live envs restart their episodes.
+        persistent=lambda state: state.replace(actor=None),
+        on_restore=lambda fresh, saved: saved.replace(actor=fresh.actor),
+        close=env.close,
+    )

@@ -1,0 +1,206 @@
+"""SAC: the squashed Gaussian against hand-computed densities, the update's targets and
+temperature rule, K scanned updates against K single ones, the online algorithm end to end,
+on several devices, and learning (slow)."""
+
+import os
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxwm.config
+from jaxwm import train
+from jaxwm.agents import sac
+from jaxwm.algos import sac as sac_algo
+from jaxwm.config import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BOX = sac.ActionBox(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
+
+
+def sac_config(variant="pendulum", **overrides):
+    return jaxwm.config.load(os.path.join(ROOT, f"configs/sac.py:{variant}"),
+                             {"log.progress": False, **overrides})
+
+
+def batch(n=32, obs_dim=3, terminated=False, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"obs": jnp.asarray(rng.normal(size=(n, obs_dim)), jnp.float32),
+            "action": jnp.asarray(rng.uniform(BOX.low, BOX.high, size=(n, 2)), jnp.float32),
+            "reward": jnp.asarray(rng.normal(size=n), jnp.float32),
+            "next_obs": jnp.asarray(rng.normal(size=(n, obs_dim)), jnp.float32),
+            "terminated": jnp.full(n, terminated)}
+
+
+def small_nets():
+    return sac.SACNets.create(BOX, (32, 32), (32, 32))
+
+
+def test_squashed_sample_log_prob_is_the_change_of_variables_density():
+    mean, log_std = jnp.array([[0.3, -0.5]]), jnp.array([[-0.2, 0.4]])
+    action, log_prob = sac.squashed_sample(mean, log_std, BOX, jax.random.PRNGKey(0))
+    assert bool(jnp.all((action >= BOX.low) & (action <= BOX.high)))
+    # Hand-computed: u = atanh((a - c) / h); log p(a) = log N(u) - log(h (1 - tanh(u)^2)).
+    c, h = (BOX.high + BOX.low) / 2, (BOX.high - BOX.low) / 2
+    y = (np.asarray(action, np.float64) - c) / h
+    u = np.arctanh(y)
+    std = np.exp(np.asarray(log_std, np.float64))
+    gauss = -0.5 * ((u - np.asarray(mean)) / std) ** 2 - np.log(std) - 0.5 * np.log(2 * np.pi)
+    expected = np.sum(gauss - np.log(h * (1 - y**2)), -1)
+    np.testing.assert_allclose(np.asarray(log_prob), expected, rtol=1e-4)
+
+
+def test_squashed_sample_at_temperature_zero_is_the_mode():
+    mean, log_std = jnp.array([[0.3, -0.5]]), jnp.zeros((1, 2))
+    action, _ = sac.squashed_sample(mean, log_std, BOX, jax.random.PRNGKey(0), temperature=0.0)
+    np.testing.assert_allclose(action, BOX.center + BOX.half_width * np.tanh(mean), rtol=1e-6)
+
+
+def test_critic_regresses_on_the_reward_when_terminated():
+    """With terminated everywhere the target is the reward alone (no bootstrap), so the critic
+    loss is sum over critics of mean (Q - r)^2 whatever the target critic holds."""
+    nets, hyper = small_nets(), sac.SACHyper()
+    learner = sac.init_learner(nets, hyper, jax.random.PRNGKey(0), 3)
+    b = batch(terminated=True)
+    q = nets.critics.apply(learner.critic, b["obs"], b["action"])
+    expected = float(jnp.sum(jnp.mean((q - b["reward"]) ** 2, -1)))
+    scrambled = learner.replace(target_critic=jax.tree.map(lambda x: x + 5.0,
+                                                           learner.target_critic))
+    for start in (learner, scrambled):
+        _, metrics = sac.update_step(nets, hyper, start, b, jax.random.PRNGKey(1))
+        assert float(metrics["losses/q_loss"]) == pytest.approx(expected, rel=1e-5)
+
+
+def test_targets_move_by_polyak_averaging():
+    nets, hyper = small_nets(), sac.SACHyper(tau=0.1)
+    learner = sac.init_learner(nets, hyper, jax.random.PRNGKey(0), 3)
+    after, _ = sac.update_step(nets, hyper, learner, batch(), jax.random.PRNGKey(1))
+    jax.tree.map(lambda t, c, old: np.testing.assert_allclose(t, 0.1 * c + 0.9 * old, atol=1e-6),
+                 after.target_critic, after.critic, learner.target_critic)
+
+
+@pytest.mark.parametrize("target_entropy, direction", [(-100.0, -1), (100.0, 1)])
+def test_temperature_moves_toward_the_entropy_target(target_entropy, direction):
+    """eq. 18: alpha falls while the policy is more random than the target, rises otherwise."""
+    nets = small_nets()
+    hyper = sac.SACHyper(target_entropy=target_entropy, alpha_lr=1e-2)
+    learner = sac.init_learner(nets, hyper, jax.random.PRNGKey(0), 3)
+    after, _ = sac.update_step(nets, hyper, learner, batch(), jax.random.PRNGKey(1))
+    assert np.sign(float(after.log_alpha - learner.log_alpha)) == direction
+    fixed = sac.SACHyper(auto_alpha=False, initial_alpha=0.2)
+    learner = sac.init_learner(nets, fixed, jax.random.PRNGKey(0), 3)
+    after, _ = sac.update_step(nets, fixed, learner, batch(), jax.random.PRNGKey(1))
+    assert float(after.log_alpha) == pytest.approx(np.log(0.2))
+
+
+def test_scanned_updates_equal_single_updates():
+    nets, hyper = small_nets(), sac.SACHyper(batch_size=8)
+    data = batch(n=64)
+
+    def sample(source, key):
+        idx = jax.random.randint(key, (hyper.batch_size,), 0, 64)
+        return jax.tree.map(lambda x: x[idx], source)
+
+    learner = sac.init_learner(nets, hyper, jax.random.PRNGKey(0), 3)
+    scanned, metrics = jax.jit(sac.make_update(nets, hyper, sample, 3))(
+        learner, data, jax.random.PRNGKey(2))
+    one = learner
+    losses = []
+    for k in jax.random.split(jax.random.PRNGKey(2), 3):
+        k_sample, k_step = jax.random.split(k)
+        one, m = sac.update_step(nets, hyper, one, sample(data, k_sample), k_step)
+        losses.append(float(m["losses/q_loss"]))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+                 scanned, one)
+    assert float(metrics["losses/q_loss"]) == pytest.approx(np.mean(losses), rel=1e-4)
+
+
+def test_online_sac_runs_end_to_end_and_resumes(tmp_path):
+    overrides = {"total_env_steps": 600, "sac.learning_starts": 200, "sac.batch_size": 32,
+                 "sac.actor_hidden": (32, 32), "sac.critic_hidden": (32, 32),
+                 "log.every": "200 env_steps", "checkpoint.every": "400 env_steps",
+                 "eval.num_episodes": 2, "eval.num_envs": 2, "eval.every": "never"}
+    summary = train.run(sac_config(**overrides), str(tmp_path))
+    assert summary["env_steps"] == 600
+    assert summary["agent_updates"] == 400
+    assert np.isfinite(summary["eval/episodic_return"])
+    resumed = sac_config(**{**overrides, "total_env_steps": 800, "resume": True})
+    summary = train.run(resumed, str(tmp_path))
+    assert summary["env_steps"] == 800 and summary["agent_updates"] == 600
+
+
+def test_online_sac_hooks_donate_the_learner_and_keep_the_replay_growing():
+    config = sac_config(**{"sac.learning_starts": 16, "sac.batch_size": 8,
+                           "sac.actor_hidden": (8,), "sac.critic_hidden": (8,)})
+    algo = sac_algo.build(config)
+    try:
+        state = algo.init(jax.random.PRNGKey(0))
+        state, _, metrics = algo.hooks["collect"].fn(state, {}, jax.random.PRNGKey(1))
+        assert int(state.replay.size) == 8 and float(metrics["charts/replay_size"]) == 8
+        learner = jax.tree.leaves(state.learner)
+        state, _, metrics = algo.hooks["update_agent"].fn(state, {}, jax.random.PRNGKey(2))
+        assert all(x.is_deleted() for x in learner)
+        assert np.isfinite(float(metrics["losses/q_loss"]))
+    finally:
+        algo.close()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"env.id": "CartPole-v1"}, "continuous action spaces"),
+    ({"sac.batch_size": 0}, "sac.batch_size"),
+    ({"sac.learning_starts": 0}, "sac.learning_starts"),
+    ({"num_seeds": 2}, "num_seeds"),
+])
+def test_bad_settings_are_refused(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        train.run(sac_config(**overrides), str(tmp_path))
+
+
+MULTI_DEVICE_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, {root!r})
+    import jax, numpy as np
+    import jaxwm.config
+    from jaxwm.algos import sac as sac_algo
+    out = {{}}
+    for n in (1, 2):
+        c = jaxwm.config.load(os.path.join({root!r}, "configs/sac.py:pendulum"),
+                              {{"num_devices": n, "sac.learning_starts": 16,
+                               "sac.batch_size": 16, "sac.actor_hidden": (16,),
+                               "sac.critic_hidden": (16,)}})
+        algo = sac_algo.build(c)
+        state = algo.init(jax.random.PRNGKey(0))
+        for i in range(3):
+            state, _, _ = algo.hooks["collect"].fn(state, {{}}, jax.random.PRNGKey(10 + i))
+            state, _, m = algo.hooks["update_agent"].fn(state, {{}}, jax.random.PRNGKey(20 + i))
+        out[n] = dict(params=[np.asarray(x).ravel().tolist()
+                              for x in jax.tree.leaves(state.learner)],
+                      replay_devices=min(len(x.devices()) for x in jax.tree.leaves(state.replay)),
+                      q_loss=float(m["losses/q_loss"]))
+        algo.close()
+    print(json.dumps(out))
+""")
+
+
+def test_one_and_two_devices_agree(run_script):
+    out = run_script(MULTI_DEVICE_SCRIPT, devices=2)
+    assert out["2"]["replay_devices"] == 2  # the replay is replicated, batches are split
+    assert out["1"]["q_loss"] == pytest.approx(out["2"]["q_loss"], rel=1e-4)
+    for a, b in zip(out["1"]["params"], out["2"]["params"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_pendulum_reaches_minus_250_within_20k_steps(tmp_path):
+    summary = train.run(sac_config("pendulum", **{"checkpoint.every": "never"}), str(tmp_path))
+    assert summary["env_steps"] <= 20_000
+    assert summary["eval/episodic_return"] >= -250, summary
+
+
+@pytest.mark.slow
+def test_halfcheetah_reaches_3000_within_300k_steps(tmp_path):
+    summary = train.run(sac_config("mujoco", **{"total_env_steps": 300_000,
+                                                "checkpoint.every": "never"}), str(tmp_path))
+    assert summary["eval/episodic_return"] >= 3000, summary
