@@ -181,11 +181,29 @@ class Checkpointer:
         args = ocp.args.Composite(algo=ocp.args.StandardSave(state), loop=ocp.args.JsonSave(loop))
         self._manager.save(step, args=args, force=force)
 
-    def restore(self, template) -> tuple[object, dict, int, list]:
-        """Restores the newest readable checkpoint into the structure (and shardings) of
-        ``template``: ``(state, loop, step, unreadable)``, where ``unreadable`` lists the newer
-        checkpoints found damaged as ``(step, error)``. Nothing is moved here: the caller
-        calls ``set_aside(unreadable)`` once it has accepted the restored state."""
+    def all_steps(self) -> list[int]:
+        return sorted(self._manager.all_steps())
+
+    def step_at(self, counter: str, value: int) -> int:
+        """The last checkpoint saved when the run's ``counter`` total was ``value`` (a
+        checkpoint's step is the loop's call count, not a counter)."""
+        found = None
+        for step in self.all_steps():
+            loop = self._manager.restore(step, args=ocp.args.Composite(
+                loop=ocp.args.JsonRestore()))["loop"]
+            if loop.get("scheduler", {}).get("totals", {}).get(counter) == value:
+                found = step
+        if found is None:
+            raise IncompatibleCheckpointError(f"No checkpoint in {self.directory} was saved at "
+                                              f"{counter} = {value}.")
+        return found
+
+    def restore(self, template, step: int | None = None) -> tuple[object, dict, int, list]:
+        """Restores the newest readable checkpoint (or the one at ``step``) into the structure
+        (and shardings) of ``template``: ``(state, loop, step, unreadable)``, where
+        ``unreadable`` lists the newer checkpoints found damaged as ``(step, error)``. Nothing
+        is moved here: the caller calls ``set_aside(unreadable)`` once it has accepted the
+        restored state."""
         try:
             expected = _shapes(template)
         except (TypeError, ValueError) as e:
@@ -193,7 +211,8 @@ class Checkpointer:
                                               f"({_first_line(e)}).") from None
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
         unreadable = []
-        for step in sorted(self._manager.all_steps(), reverse=True):
+        candidates = sorted(self._manager.all_steps(), reverse=True) if step is None else [step]
+        for step in candidates:
             if not os.path.isdir(os.path.join(self.directory, str(step), "algo")):
                 raise IncompatibleCheckpointError(
                     f"Checkpoint {self.directory}/{step} was written by an older jaxwm (before "
