@@ -41,6 +41,17 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
+def local_replica(tree, device):
+    """The copy on ``device`` of each replicated leaf (no transfer); leaves that are not
+    spread over several devices are returned as they are."""
+    def pick(x):
+        if not isinstance(x, jax.Array) or len(x.devices()) == 1:
+            return x
+        return next(s.data for s in x.addressable_shards if s.device == device)
+
+    return jax.tree.map(pick, tree)
+
+
 def put_readonly(tree, mesh: Mesh, shard_min_bytes: int = 16 << 20):
     """Puts read-only data (an offline dataset, demonstrations) on the mesh once, for
     ``Algorithm.data``: each leaf of at least ``shard_min_bytes`` whose leading axis splits

@@ -32,16 +32,9 @@ from jaxwm import backend
 from jaxwm.agents import shooting
 from jaxwm.config import ConfigError
 from jaxwm.data import replay
-from jaxwm.envs import EpisodeStats, episode_metrics, make_env
+from jaxwm.envs import episode_metrics, make_env, require_continuous_vectors, transitions
 from jaxwm.loop.algorithm import Algorithm, Hook, Policy
 from jaxwm.models import dynamics
-
-
-@struct.dataclass
-class Actor:
-    obs: jax.Array
-    prev_done: jax.Array
-    stats: EpisodeStats
 
 
 @struct.dataclass
@@ -49,7 +42,7 @@ class MBRSState:
     model: dynamics.DynamicsState
     replay: replay.ReplayState
     prior: shooting.SequencePrior
-    actor: Actor
+    actor: transitions.Cursor
 
 
 def validate(config) -> None:
@@ -72,12 +65,9 @@ def validate(config) -> None:
 
 def build(config) -> Algorithm:
     m = config.mbrs
-    env = make_env(config.env, num_envs=config.env.num_envs, seed=config.seed)
+    env = require_continuous_vectors(
+        make_env(config.env, num_envs=config.env.num_envs, seed=config.seed), "mbrs")
     spec = env.spec
-    if spec.discrete or len(spec.obs_shape) != 1:
-        env.close()
-        raise ConfigError(f"mbrs plans in continuous action spaces from vector observations; "
-                          f"{spec.env_id} has obs {spec.obs_shape}, discrete={spec.discrete}.")
     obs_dim, action_dim = spec.obs_shape[0], spec.action_shape[0]
     low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
     model = dynamics.DynamicsMLP(obs_dim + 1, tuple(m.hidden))
@@ -96,8 +86,7 @@ def build(config) -> Algorithm:
 
     def fresh_actor():
         env_handle["handle"], first = env.xla_reset()
-        n = spec.num_envs
-        return Actor(first.obs, jnp.zeros(n, bool), EpisodeStats.create(n))
+        return transitions.Cursor.start(first.obs)
 
     def init(key):
         example = {"obs": jnp.zeros(obs_dim), "action": jnp.zeros(action_dim),
@@ -113,25 +102,15 @@ def build(config) -> Algorithm:
     def _collect(state: MBRSState, handle, key):
         warm = state.replay.size >= m.warmup_steps
 
-        def step(carry, step_key):
-            actor, handle = carry
+        def choose(obs, step_key):
             k_random, k_plan = jax.random.split(step_key)
-            action = jax.lax.cond(
-                warm, lambda: plan_batch(state, actor.obs, k_plan),
+            return jax.lax.cond(
+                warm, lambda: plan_batch(state, obs, k_plan),
                 lambda: jax.random.uniform(k_random, (spec.num_envs, action_dim), minval=low,
                                            maxval=high))
-            handle, res = env.xla_step(handle, action)
-            stats, completed = actor.stats.update(res)
-            transition = {"obs": actor.obs, "action": action, "reward": res.reward,
-                          "next_obs": res.obs}
-            return (Actor(res.obs, res.done, stats), handle), (transition, ~actor.prev_done,
-                                                               completed)
 
-        keys = jax.random.split(key, m.steps_per_collect)
-        (actor, handle), (batch, valid, completed) = jax.lax.scan(
-            step, (state.actor, handle), keys)
-        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), batch)
-        valid = valid.reshape(-1)
+        actor, handle, flat, valid, completed = transitions.collect(
+            env.xla_step, state.actor, handle, choose, key, m.steps_per_collect)
 
         predicted, _ = dynamics.predict(model, state.model, flat["obs"], flat["action"])
         weights = valid / jnp.maximum(jnp.sum(valid), 1)
@@ -142,7 +121,8 @@ def build(config) -> Algorithm:
             "model/zero_delta_mse": jnp.sum(weights * sq(flat["obs"] - flat["next_obs"])),
             "charts/planning": warm.astype(jnp.float32),
         }
-        state = state.replace(actor=actor, replay=replay.add(state.replay, flat, valid))
+        kept = {k: flat[k] for k in state.replay.data}  # the model needs no `terminated`
+        state = state.replace(actor=actor, replay=replay.add(state.replay, kept, valid))
         return state, handle, metrics
 
     def collect_hook(state, data, key):

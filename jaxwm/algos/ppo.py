@@ -127,13 +127,6 @@ def build(config) -> Algorithm:
         # the same placement on every call and compiles once.
         return jax.device_put(actor, env_device) if multi_device else actor
 
-    def on_env_device(tree):
-        """The replica of a replicated tree that already lives on the envs' device."""
-        if not multi_device:
-            return tree
-        return jax.tree.map(lambda x: next(s.data for s in x.addressable_shards
-                                           if s.device == env_device), tree)
-
     def collect_one(learner, actor, handle, key):
         learner, actor, handle, rollout, metrics = ppo.collect(
             network, hyper, env_step, learner, actor, handle, key)
@@ -161,7 +154,7 @@ def build(config) -> Algorithm:
     def collect_hook(state, data, key):
         del data
         statistics, actor, env_handle["handle"], rollout, metrics = _collect(
-            on_env_device(state.learner), state.actor, env_handle["handle"], key)
+            parallel.local_replica(state.learner, env_device), state.actor, env_handle["handle"], key)
         if multi_device:
             statistics = jax.device_put(statistics, parallel.replicated(mesh))
         learner = state.learner.replace(obs_rms=statistics[0], return_rms=statistics[1])

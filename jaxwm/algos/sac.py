@@ -27,22 +27,15 @@ from jaxwm import backend, parallel
 from jaxwm.agents import sac
 from jaxwm.config import ConfigError
 from jaxwm.data import replay
-from jaxwm.envs import EpisodeStats, episode_metrics, make_env
+from jaxwm.envs import episode_metrics, make_env, require_continuous_vectors, transitions
 from jaxwm.loop.algorithm import Algorithm, Hook, Policy
-
-
-@struct.dataclass
-class Actor:
-    obs: jax.Array
-    prev_done: jax.Array
-    stats: EpisodeStats
 
 
 @struct.dataclass
 class SACState:
     learner: sac.Learner
     replay: replay.ReplayState
-    actor: Actor
+    actor: transitions.Cursor
 
 
 def validate(config) -> None:
@@ -72,12 +65,9 @@ def updates_per_collect(config) -> int:
 
 def build(config) -> Algorithm:
     s = config.sac
-    env = make_env(config.env, num_envs=config.env.num_envs, seed=config.seed)
+    env = require_continuous_vectors(
+        make_env(config.env, num_envs=config.env.num_envs, seed=config.seed), "SAC")
     spec = env.spec
-    if spec.discrete or len(spec.obs_shape) != 1:
-        env.close()
-        raise ConfigError(f"SAC here acts in continuous action spaces from vector observations;"
-                          f" {spec.env_id} has obs {spec.obs_shape}, discrete={spec.discrete}.")
     obs_dim = spec.obs_shape[0]
     box = sac.ActionBox(np.asarray(spec.action_low), np.asarray(spec.action_high))
     nets = sac.SACNets.create(box, s.actor_hidden, s.critic_hidden)
@@ -99,8 +89,7 @@ def build(config) -> Algorithm:
 
     def fresh_actor():
         env_handle["handle"], first = env.xla_reset()
-        n = spec.num_envs
-        actor = Actor(first.obs, jnp.zeros(n, bool), EpisodeStats.create(n))
+        actor = transitions.Cursor.start(first.obs)
         return jax.device_put(actor, env_device) if multi_device else actor
 
     def init(key):
@@ -112,24 +101,15 @@ def build(config) -> Algorithm:
                         fresh_actor())
 
     @partial(backend.jit, donate_argnums=1)
-    def _collect(actor_params, actor: Actor, handle, random, key):
-        def step(carry, step_key):
-            actor, handle = carry
+    def _collect(actor_params, actor: transitions.Cursor, handle, random, key):
+        def choose(obs, step_key):
             k_random, k_policy = jax.random.split(step_key)
-            action = jax.lax.cond(
-                random, lambda: box.uniform(k_random, (spec.num_envs,)),
-                lambda: nets.act(actor_params, actor.obs, k_policy)[0])
-            handle, res = env.xla_step(handle, action)
-            stats, completed = actor.stats.update(res)
-            transition = {"obs": actor.obs, "action": action, "reward": res.reward,
-                          "next_obs": res.obs, "terminated": res.terminated}
-            return (Actor(res.obs, res.done, stats), handle), (transition, ~actor.prev_done,
-                                                               completed)
+            return jax.lax.cond(random, lambda: box.uniform(k_random, (spec.num_envs,)),
+                                lambda: nets.act(actor_params, obs, k_policy)[0])
 
-        (actor, handle), (batch, valid, completed) = jax.lax.scan(
-            step, (actor, handle), jax.random.split(key, s.steps_per_collect))
-        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), (batch, valid))
-        return actor, handle, flat, episode_metrics(completed)
+        actor, handle, batch, valid, completed = transitions.collect(
+            env.xla_step, actor, handle, choose, key, s.steps_per_collect)
+        return actor, handle, (batch, valid), episode_metrics(completed)
 
     @partial(backend.jit, donate_argnums=0)
     def _add(buffer, batch, valid):
@@ -137,18 +117,12 @@ def build(config) -> Algorithm:
         # A buffer of its own (float), not the replay's size, which the next add donates.
         return buffer, buffer.size.astype(jnp.float32)
 
-    def on_env_device(tree):
-        if not multi_device:
-            return tree
-        return jax.tree.map(lambda x: next(s.data for s in x.addressable_shards
-                                           if s.device == env_device), tree)
-
     def collect_hook(state: SACState, data, key):
         del data
         random = state.replay.size < s.learning_starts  # a device scalar: no host sync
         actor, env_handle["handle"], (batch, valid), metrics = _collect(
-            on_env_device(state.learner.actor), state.actor, env_handle["handle"],
-            on_env_device(random), key)
+            parallel.local_replica(state.learner.actor, env_device), state.actor, env_handle["handle"],
+            parallel.local_replica(random, env_device), key)
         buffer, size = _add(state.replay, *replicate((batch, valid)))
         metrics = {**metrics, "charts/replay_size": size}
         return state.replace(actor=actor, replay=buffer), {}, metrics

@@ -34,7 +34,6 @@ import os
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
@@ -96,7 +95,7 @@ def rollout(env_config, make_act, params, size: int, num_envs: int, seed: int, d
     """``size`` valid transitions from ``num_envs`` envs acting by ``make_act(spec)(params,
     obs, key)`` (or uniformly at random when ``make_act`` is None), each env's steps
     contiguous; plus the returns of the episodes completed."""
-    from jaxwm.envs import EpisodeStats, make_env
+    from jaxwm.envs import make_env, transitions
 
     env = make_env(env_config, num_envs=num_envs, seed=seed)
     spec = env.spec
@@ -105,25 +104,22 @@ def rollout(env_config, make_act, params, size: int, num_envs: int, seed: int, d
     chunk = 1000
 
     @jax.jit
-    def run_chunk(params, handle, obs, prev_done, stats, key):
-        def step(carry, k):
-            handle, obs, prev_done, stats = carry
+    def run_chunk(params, cursor, handle, key):
+        def choose(obs, k):
             if act is None:
-                action = jax.random.uniform(k, (num_envs,) + low.shape, minval=low, maxval=high)
-            else:
-                action = act(params, obs, k)
-            handle, res = env.xla_step(handle, action)
-            stats, completed = stats.update(res)
-            row = {"observations": obs, "actions": action, "rewards": res.reward,
-                   "terminals": res.terminated, "next_observations": res.obs}
-            return (handle, res.obs, res.done, stats), (row, ~prev_done, completed)
+                return jax.random.uniform(k, (num_envs,) + low.shape, minval=low, maxval=high)
+            return act(params, obs, k)
 
-        carry, out = jax.lax.scan(step, (handle, obs, prev_done, stats),
-                                  jax.random.split(key, chunk))
-        return carry, out
+        cursor, handle, steps, valid, completed = transitions.collect(
+            env.xla_step, cursor, handle, choose, key, chunk)
+        row = {"observations": steps["obs"], "actions": steps["action"],
+               "rewards": steps["reward"], "terminals": steps["terminated"],
+               "next_observations": steps["next_obs"]}
+        unflatten = lambda x: x.reshape((chunk, num_envs) + x.shape[1:])  # noqa: E731
+        return (cursor, handle), (jax.tree.map(unflatten, row), unflatten(valid), completed)
 
     handle, first = env.xla_reset()
-    carry = (handle, first.obs, jnp.zeros(num_envs, bool), EpisodeStats.create(num_envs))
+    carry = (transitions.Cursor.start(first.obs), handle)
     rows, valids, returns = [], [], []
     key = jax.random.PRNGKey(seed)
     steps_per_env = -(-size // num_envs) + 1  # + the reset transitions dropped below

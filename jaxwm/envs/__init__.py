@@ -1,10 +1,11 @@
 """Environments: envpool batches with a host (numpy) and an XLA (jit/scan) path.
 
 See ``factory`` for the step semantics, ``families`` for observation layouts per family and
-``stats`` for how episode returns and lengths are counted.
+``stats`` for how episode returns and lengths are counted, ``transitions`` for off-policy
+collection.
 """
 
-from jaxwm.envs.factory import EnvPoolEnv, make_env
+from jaxwm.envs.factory import EnvPoolEnv, make_env, require_continuous_vectors
 from jaxwm.envs.families import UnknownEnvError
 from jaxwm.envs.stats import EpisodeStats, episode_metrics
 from jaxwm.envs.types import EnvSpec, StepResult
@@ -17,4 +18,5 @@ __all__ = [
     "UnknownEnvError",
     "episode_metrics",
     "make_env",
+    "require_continuous_vectors",
 ]

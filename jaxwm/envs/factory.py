@@ -76,6 +76,17 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int) -> EnvPool
                       masked)
 
 
+def require_continuous_vectors(env: EnvPoolEnv, who: str) -> EnvPoolEnv:
+    """``env`` if it has vector observations and a continuous action box; otherwise closes it
+    and raises a ``ConfigError`` saying ``who`` needs that."""
+    spec = env.spec
+    if spec.discrete or len(spec.obs_shape) != 1:
+        env.close()
+        raise ConfigError(f"{who} acts in continuous action spaces from vector observations; "
+                          f"{spec.env_id} has obs {spec.obs_shape}, discrete={spec.discrete}.")
+    return env
+
+
 def _is_float64(space: Any) -> bool:
     if hasattr(space, "spaces") and isinstance(space.spaces, Mapping):
         return any(_is_float64(s) for s in space.spaces.values())
