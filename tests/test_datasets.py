@@ -162,3 +162,10 @@ def test_make_dataset_random_and_medium_replay_on_pendulum(tmp_path, capsys):
     assert steps - steps // 200 - 1 <= data.metadata["size"] <= steps
     assert data.metadata["ref_max_score"] == generation["expert_eval_return"]
     assert os.path.isdir(tmp_path / "sac-Pendulum-v1-seed0" / "checkpoints")
+
+
+def test_a_failed_write_leaves_no_file(tmp_path):
+    path = tmp_path / "new.hdf5"
+    with pytest.raises(KeyError):
+        datasets.write_d4rl(str(path), {"observations": np.zeros((2, 1))}, {})
+    assert list(tmp_path.iterdir()) == []

@@ -144,9 +144,8 @@ def _metadata(group) -> dict[str, Any]:
             if hasattr(item, "shape") and item.shape == ():
                 value = item[()]
                 out[name] = value.decode() if isinstance(value, bytes) else value
-    for key in ("generation", "eval_returns"):
-        if isinstance(out.get(key), str):
-            out[key] = json.loads(out[key])
+    if isinstance(out.get("generation"), str):  # make_dataset's record, written as JSON
+        out["generation"] = json.loads(out["generation"])
     return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in out.items()}
 
 
@@ -250,11 +249,16 @@ def write_d4rl(path: str, arrays: Mapping[str, np.ndarray], metadata: Mapping[st
         raise DatasetError(f"{path} exists; choose another --out or pass --overwrite.")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     partial_path = path + ".partial"  # renamed on success: no half-written file at `path`
-    with h5py.File(partial_path, "w") as f:
-        for key in D4RL_KEYS + ("timeouts", "next_observations"):
-            f.create_dataset(key, data=np.asarray(arrays[key]), compression="gzip")
-        group = f.create_group("metadata")
-        for key, value in metadata.items():
-            group[key] = json.dumps(value) if isinstance(value, dict | list) else value
+    try:
+        with h5py.File(partial_path, "w") as f:
+            for key in D4RL_KEYS + ("timeouts", "next_observations"):
+                f.create_dataset(key, data=np.asarray(arrays[key]), compression="gzip")
+            group = f.create_group("metadata")
+            for key, value in metadata.items():
+                group[key] = json.dumps(value) if isinstance(value, dict | list) else value
+    except BaseException:
+        if os.path.exists(partial_path):
+            os.remove(partial_path)
+        raise
     os.replace(partial_path, path)
     return path

@@ -276,9 +276,10 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     data = datasets.load_dataset(path)
-    returns = data.metadata["generation"]
+    generation = data.metadata["generation"]
     print(f"Wrote {path}: {len(data)} transitions ({data.metadata['level']}), "
-          f"{returns['episodes']} episodes, mean return {returns['dataset_return_mean']:.1f}")
+          f"{generation['episodes']} episodes, mean return "
+          f"{generation['dataset_return_mean']:.1f}")
     return 0
 
 
