@@ -1,0 +1,212 @@
+"""Probabilistic dynamics ensemble with elites (PETS / MBPO / MOPO), as pure functions.
+
+Chua et al. 2018 (PETS, sec. 4.1) and Janner et al. 2019 (MBPO, appendix C), with the details
+of MOPO (Yu et al. 2020) as OfflineRL-Kit implements them (REFERENCE.md, "Offline
+model-based RL"):
+
+* each member is a 4x200 Swish MLP mapping scaled (s, a) to a diagonal Gaussian over
+  (s' - s, r); the log-variance is soft-clamped between learnable bounds,
+  ``logvar = max - softplus(max - l)``, then ``min + softplus(logvar - min)`` (PETS,
+  appendix A.1), with bounds initialised to 0.5 and -10;
+* the loss per member is the Gaussian negative log-likelihood up to constants,
+  ``mean((mu - y)^2 exp(-logvar)) + mean(logvar)``, plus ``0.01 (sum max - sum min)`` (which
+  keeps the bounds tight) and per-layer L2 weight decay ``w_l / 2 * ||W_l||^2`` with
+  ``w = [2.5e-5, 5e-5, 7.5e-5, 7.5e-5, 1e-4]``;
+* members see their own bootstrap resample of the training split, shuffled every epoch;
+* a held-out split (``min(20%, 1000)`` transitions) scores each member by the MSE of its mean
+  after every epoch; a member is snapshotted on a >1% improvement and training stops after
+  5 epochs without any (``jaxwm.models.patience``); the elites are the members with the
+  lowest snapshot MSE, and predictions use the snapshots.
+
+Deviations, for a vmapped implementation: every member has its own log-variance bounds (one
+member = one independent network, so the whole ensemble is one ``vmap``); elites are chosen
+by the snapshots' own held-out losses rather than by the last epoch's.
+
+The input scaler (mean/std of (s, a)) is fit on the training split once and kept in the
+state; targets are not scaled (as OfflineRL-Kit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from jaxwm.models.dynamics import Normalizer
+from jaxwm.models.patience import Patience, observe
+
+WEIGHT_DECAY = (2.5e-5, 5e-5, 7.5e-5, 7.5e-5, 1e-4)
+LOGVAR_LOSS_COEF = 0.01
+
+
+class GaussianMLP(nn.Module):
+    """One member: x -> (mean, logvar) over ``out_dim``, logvar inside learnable bounds."""
+
+    out_dim: int
+    hidden: Sequence[int] = (200, 200, 200, 200)
+
+    @nn.compact
+    def __call__(self, x):
+        for i, width in enumerate(self.hidden):
+            x = nn.swish(nn.Dense(width, name=f"layer_{i}")(x))
+        out = nn.Dense(2 * self.out_dim, name=f"layer_{len(self.hidden)}")(x)
+        mean, logvar = jnp.split(out, 2, -1)
+        max_logvar = self.param("max_logvar", nn.initializers.constant(0.5), (self.out_dim,))
+        min_logvar = self.param("min_logvar", nn.initializers.constant(-10.0), (self.out_dim,))
+        logvar = max_logvar - jax.nn.softplus(max_logvar - logvar)
+        logvar = min_logvar + jax.nn.softplus(logvar - min_logvar)
+        return mean, logvar
+
+
+@dataclasses.dataclass(frozen=True)
+class EnsembleSpec:
+    obs_dim: int
+    action_dim: int
+    num_members: int = 7
+    num_elites: int = 5
+    hidden: tuple[int, ...] = (200, 200, 200, 200)
+    weight_decay: tuple[float, ...] = WEIGHT_DECAY
+    learning_rate: float = 1e-3
+    batch_size: int = 256
+    min_improvement: float = 0.01
+
+    def __post_init__(self):
+        if not 0 < self.num_elites <= self.num_members:
+            raise ValueError(f"num_elites must be in [1, num_members={self.num_members}], got "
+                             f"{self.num_elites}.")
+        if len(self.weight_decay) != len(self.hidden) + 1:
+            raise ValueError(f"weight_decay needs one value per layer ({len(self.hidden) + 1}), "
+                             f"got {len(self.weight_decay)}.")
+
+    @property
+    def member(self) -> GaussianMLP:
+        return GaussianMLP(self.obs_dim + 1, self.hidden)
+
+    @property
+    def optimizer(self):
+        return optax.adam(self.learning_rate)
+
+
+@struct.dataclass
+class EnsembleState:
+    params: dict  # every leaf [members, ...]
+    opt_state: optax.OptState
+    scaler: Normalizer  # over concat(obs, action), fit on the training split
+    patience: Patience  # per-member snapshots and held-out MSE
+    epochs: jax.Array  # int32 []
+
+    @property
+    def elites(self) -> jax.Array:
+        """Indices of the members with the lowest snapshot held-out MSE."""
+        return jnp.argsort(self.patience.best_loss)
+
+    def elite_indices(self, num_elites: int) -> jax.Array:
+        return self.elites[:num_elites]
+
+
+def inputs(obs, action):
+    return jnp.concatenate([obs, action], -1)
+
+
+def targets(batch):
+    return jnp.concatenate([batch["next_obs"] - batch["obs"], batch["reward"][..., None]], -1)
+
+
+def init(spec: EnsembleSpec, key, scaler: Normalizer) -> EnsembleState:
+    x = jnp.zeros((1, spec.obs_dim + spec.action_dim))
+    params = jax.vmap(spec.member.init, in_axes=(0, None))(
+        jax.random.split(key, spec.num_members), x)
+    return EnsembleState(params, spec.optimizer.init(params), scaler,
+                         Patience.start(params, spec.num_members), jnp.zeros((), jnp.int32))
+
+
+def apply(spec: EnsembleSpec, params, scaler: Normalizer, obs, action):
+    """Every member's (mean, logvar) of (delta s, r) for the same inputs ``obs`` [..., D],
+    ``action`` [..., A]: [members, ..., obs_dim + 1] each."""
+    x = (inputs(obs, action) - scaler.mean) / scaler.std
+    return jax.vmap(spec.member.apply, in_axes=(0, None))(params, x)
+
+
+def member_loss(spec: EnsembleSpec, params, x, y):
+    """One member's training loss on scaled inputs ``x`` [B, in] and targets ``y`` [B, out]."""
+    mean, logvar = spec.member.apply(params, x)
+    nll = jnp.mean((mean - y) ** 2 * jnp.exp(-logvar)) + jnp.mean(logvar)
+    bounds = LOGVAR_LOSS_COEF * (jnp.sum(params["params"]["max_logvar"])
+                                 - jnp.sum(params["params"]["min_logvar"]))
+    decay = sum(wd * 0.5 * jnp.sum(params["params"][f"layer_{i}"]["kernel"] ** 2)
+                for i, wd in enumerate(spec.weight_decay))
+    return nll + bounds + decay, nll
+
+
+def holdout_mse(spec: EnsembleSpec, params, scaler: Normalizer, batch) -> jax.Array:
+    """Each member's mean squared error of its mean on ``batch``: [members]."""
+    mean, _ = apply(spec, params, scaler, batch["obs"], batch["action"])
+    return jnp.mean((mean - targets(batch)) ** 2, axis=(-2, -1))
+
+
+def train_epoch(spec: EnsembleSpec, state: EnsembleState, data, train_index, bootstrap,
+                holdout_index, key):
+    """One epoch: every member passes once over its bootstrap resample (``bootstrap``
+    [members, n_train] positions into ``train_index``), shuffled, in minibatches of
+    ``batch_size`` (the last one wrapping around); then held-out MSE and snapshots.
+    ``data`` holds the dataset's transitions (obs, action, reward, next_obs)."""
+    members, n = bootstrap.shape
+    num_batches = -(-n // spec.batch_size)
+    order = jax.vmap(jax.random.permutation)(jax.random.split(key, members), bootstrap)
+    order = jnp.concatenate([order, order], 1)[:, :num_batches * spec.batch_size]
+    order = order.reshape(members, num_batches, spec.batch_size).swapaxes(0, 1)
+    tx = spec.optimizer
+
+    def step(carry, rows):  # rows [members, batch] positions into train_index
+        params, opt_state = carry
+        index = train_index[rows]
+        batch = jax.tree.map(lambda v: v[index], data)
+        x = (inputs(batch["obs"], batch["action"]) - state.scaler.mean) / state.scaler.std
+        y = targets(batch)
+
+        def total(p):
+            loss, nll = jax.vmap(lambda pm, xm, ym: member_loss(spec, pm, xm, ym))(p, x, y)
+            return jnp.sum(loss), nll  # members are independent: summing keeps their gradients
+
+        (_, nll), grads = jax.value_and_grad(total, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), jnp.mean(nll)
+
+    (params, opt_state), nll = jax.lax.scan(step, (state.params, state.opt_state), order)
+    holdout = jax.tree.map(lambda v: v[holdout_index], data)
+    mse = holdout_mse(spec, params, state.scaler, holdout)
+    patience = observe(state.patience, mse, params, spec.min_improvement)
+    state = state.replace(params=params, opt_state=opt_state, patience=patience,
+                          epochs=state.epochs + 1)
+    elite_mse = jnp.sort(patience.best_loss)[:spec.num_elites]
+    metrics = {"losses/model_nll": jnp.mean(nll), "model/holdout_mse": jnp.mean(mse),
+               "model/elite_holdout_mse": jnp.mean(elite_mse),
+               "model/epochs_since_improvement": patience.epochs_since_improvement}
+    return state, metrics
+
+
+def sample_step(spec: EnsembleSpec, state: EnsembleState, obs, action, key):
+    """Model step for rollouts (MOPO): every member's Gaussian from the snapshots, a sample
+    from a uniformly chosen elite per row. Returns (next_obs [B, D], reward [B], std of all
+    members [members, B, D + 1])."""
+    mean, logvar = apply(spec, state.patience.best_params, state.scaler, obs, action)
+    std = jnp.exp(0.5 * logvar)
+    k_member, k_noise = jax.random.split(key)
+    batch = obs.shape[0]
+    choice = jax.random.randint(k_member, (batch,), 0, spec.num_elites)
+    member = state.elite_indices(spec.num_elites)[choice]
+    rows = jnp.arange(batch)
+    sample = mean[member, rows] + std[member, rows] * jax.random.normal(k_noise, mean.shape[1:])
+    return obs + sample[:, :-1], sample[:, -1], std
+
+
+def split_indices(num: int, rng, holdout_fraction: float = 0.2, max_holdout: int = 1000):
+    """A random (train, holdout) split of ``range(num)``: holdout ``min(20%, 1000)``."""
+    holdout = min(int(num * holdout_fraction), max_holdout)
+    perm = rng.permutation(num)
+    return perm[holdout:], perm[:holdout]
