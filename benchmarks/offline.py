@@ -1,13 +1,24 @@
-"""Offline model-based RL throughput: SAC updates/s (the ensemble, rollouts and RealNVP rows
-come with those parts of the offline issue).
+"""Offline model-based RL throughput: SAC updates, ensemble epochs, model rollouts, RealNVP.
 
-SAC: ``jaxwm.agents.sac.make_update`` at batch 256 with 256x256 actor and twin critics on
+Every row times jaxwm's own jitted functions (the ones ``jaxwm.algos.mopo`` calls) on
+synthetic data of HalfCheetah's sizes; compile time (first call) apart, steady state the
+median of ``--repeats`` calls. References (REFERENCE.md, OfflineRL-Kit PyTorch on one CPU
+thread): SAC ~50-80 updates/s at batch 256; one ensemble epoch (7 x 4x200, 100k transitions)
+~10 s; MOPO rollouts ~11.7k transitions/s. Goals: SAC 10x, ensemble and rollouts 5x.
+
+* SAC: ``jaxwm.agents.sac.make_update`` at batch 256 with 256x256 actor and twin critics on
 HalfCheetah's sizes (17-dim observations, 6-dim actions), batches sampled from a full
-device-resident replay of 1M transitions, K updates per jitted scan. Compile time (first
-call) apart; steady state is the median of ``--repeats`` calls. Reference (REFERENCE.md):
-OfflineRL-Kit's PyTorch SAC on one CPU thread, ~50-80 updates/s at batch 256.
+device-resident replay of 1M transitions, K updates per jitted scan.
+* Ensemble: ``jaxwm.models.ensemble.train_epoch`` (7 members, 4x200 Swish, batch 256, a
+  bootstrap per member, held-out MSE and snapshots) on 100k transitions (OfflineRL-Kit's
+  reference size) and on 1M (a D4RL dataset; full runs only).
+* Rollouts: MOPO's ``imagine`` step: 50k dataset starts x horizon 5, the SAC actor's
+  sampled action, all 7 members' Gaussians (the penalty needs every member's std), a random
+  elite's sample, the termination rule and the uncertainty penalty; transitions/s.
+* RealNVP: GORMPO's density (6 couplings, [256, 256] scale and shift nets) log-prob of
+  (s, a) rows, rows/s at 50k rows (one rollout step's batch).
 
-    python benchmarks/offline.py            # ~1 min on 2 CPU cores
+    python benchmarks/offline.py            # ~10 min on 2 CPU cores
     python benchmarks/offline.py --quick    # smoke run: batch 32, small networks
 """
 
@@ -21,9 +32,96 @@ from common import hardware, parser, timed, write_results
 from jaxwm import backend
 from jaxwm.agents import sac
 from jaxwm.data import replay
+from jaxwm.models import ensemble, realnvp, termination
+from jaxwm.models.dynamics import Normalizer
 
 OBS_DIM, ACTION_DIM = 17, 6
 REFERENCE_UPDATES_PER_S = (50, 80)
+REFERENCE_EPOCH_S_100K = 10.0
+REFERENCE_ROLLOUT_PER_S = 11_700.0
+
+
+def synthetic(n: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    obs = rng.normal(size=(n, OBS_DIM)).astype(np.float32)
+    action = rng.uniform(-1, 1, (n, ACTION_DIM)).astype(np.float32)
+    return {"obs": jnp.asarray(obs), "action": jnp.asarray(action),
+            "next_obs": jnp.asarray(obs + 0.1 * rng.normal(size=obs.shape).astype(np.float32)),
+            "reward": jnp.asarray(rng.normal(size=n).astype(np.float32))}
+
+
+def ensemble_row(n: int, hidden: int, repeats: int) -> dict:
+    spec = ensemble.EnsembleSpec(OBS_DIM, ACTION_DIM, hidden=(hidden,) * 4)
+    data = synthetic(n)
+    rng = np.random.default_rng(1)
+    train, holdout = ensemble.split_indices(n, rng)
+    boot = jnp.asarray(rng.integers(0, len(train), (spec.num_members, len(train))), jnp.int32)
+    train, holdout = jnp.asarray(train, jnp.int32), jnp.asarray(holdout, jnp.int32)
+    epoch = backend.jit(lambda s, k: ensemble.train_epoch(spec, s, data, train, boot, holdout, k),
+                        donate_argnums=0)
+    state = {"s": ensemble.init(spec, jax.random.PRNGKey(0),
+                                Normalizer.fit(ensemble.inputs(data["obs"], data["action"]))),
+             "i": 0}
+
+    def call():
+        state["i"] += 1
+        state["s"], metrics = epoch(state["s"], jax.random.PRNGKey(state["i"]))
+        return metrics
+
+    timing = timed(call, repeats)
+    row = {"what": "ensemble epoch", "transitions": n, "hidden": hidden,
+           "epoch_s": timing.median, "epochs_per_s": 1 / timing.median,
+           "compile_s": timing.compile_s}
+    if n == 100_000 and hidden == 200:
+        row["vs_pytorch_1thread"] = REFERENCE_EPOCH_S_100K / timing.median
+    return row
+
+
+def rollout_row(starts: int, horizon: int, hidden: int, repeats: int) -> dict:
+    """MOPO's rollout as ``jaxwm.algos.mopo`` compiles it, on a HalfCheetah-sized model."""
+    spec = ensemble.EnsembleSpec(OBS_DIM, ACTION_DIM, hidden=(hidden,) * 4)
+    data = synthetic(max(starts, 10_000))
+    model = ensemble.init(spec, jax.random.PRNGKey(0),
+                          Normalizer.fit(ensemble.inputs(data["obs"], data["action"])))
+    box = sac.ActionBox(-np.ones(ACTION_DIM, np.float32), np.ones(ACTION_DIM, np.float32))
+    nets = sac.SACNets.create(box)
+    actor = sac.init_learner(nets, sac.SACHyper(), jax.random.PRNGKey(1), OBS_DIM).actor
+    done_fn = termination.termination_fn("HalfCheetah-v4")
+
+    @backend.jit
+    def rollout(key):
+        k_start, k_steps = jax.random.split(key)
+        obs = data["obs"][jax.random.randint(k_start, (starts,), 0, data["obs"].shape[0])]
+
+        def step(carry, k):
+            obs, alive = carry
+            k_act, k_model = jax.random.split(k)
+            action, _ = nets.act(actor, obs, k_act)
+            next_obs, reward, std = ensemble.sample_step(spec, model, obs, action, k_model)
+            penalty = jnp.max(jnp.linalg.norm(std, axis=-1), 0)
+            done = done_fn(obs, action, next_obs)
+            return (next_obs, alive & ~done), (reward - penalty, alive)
+
+        return jax.lax.scan(step, (obs, jnp.ones(starts, bool)),
+                            jax.random.split(k_steps, horizon))[1]
+
+    keys = iter(range(10_000))
+    timing = timed(lambda: rollout(jax.random.PRNGKey(next(keys))), repeats)
+    per_s = starts * horizon / timing.median
+    return {"what": "model rollout", "starts": starts, "horizon": horizon, "hidden": hidden,
+            "rollout_s": timing.median, "transitions_per_s": per_s,
+            "compile_s": timing.compile_s, "vs_pytorch_1thread": per_s / REFERENCE_ROLLOUT_PER_S}
+
+
+def realnvp_row(rows: int, hidden: int, repeats: int) -> dict:
+    spec = realnvp.DensitySpec(OBS_DIM + ACTION_DIM, hidden=(hidden, hidden))
+    state = realnvp.init_density(spec, jax.random.PRNGKey(0),
+                                 Normalizer.identity(OBS_DIM + ACTION_DIM))
+    x = jax.random.normal(jax.random.PRNGKey(1), (rows, spec.dim))
+    logp = backend.jit(lambda p, v: realnvp.log_prob(spec, p, state.scaler, v))
+    timing = timed(lambda: logp(state.params, x), repeats)
+    return {"what": "RealNVP log-prob", "rows": rows, "hidden": hidden,
+            "rows_per_s": rows / timing.median, "compile_s": timing.compile_s}
 
 
 def update_flops(batch: int, obs_dim: int, action_dim: int, hidden: int) -> float:
@@ -71,10 +169,17 @@ def sac_row(batch: int, hidden: int, num_updates: int, capacity: int, repeats: i
 def main() -> None:
     args = parser(__doc__, repeats=3).parse_args()
     if args.quick:
-        rows = [sac_row(32, 32, 10, 10_000, 1)]
+        rows = [sac_row(32, 32, 10, 10_000, 1), ensemble_row(5_000, 32, 1),
+                rollout_row(2_000, 5, 32, 1), realnvp_row(2_000, 32, 1)]
     else:
-        rows = [sac_row(256, 256, 100, 1_000_000, args.repeats)]
+        rows = [sac_row(256, 256, 100, 1_000_000, args.repeats),
+                ensemble_row(100_000, 200, args.repeats),
+                ensemble_row(1_000_000, 200, 1),
+                rollout_row(50_000, 5, 200, args.repeats),
+                realnvp_row(50_000, 256, args.repeats)]
     r = rows[0]
+    by_what = {row["what"]: row for row in rows}
+    epoch, rollout = by_what["ensemble epoch"], by_what["model rollout"]
     notes = [
         "updates_per_s: median over calls of `updates_per_call` SAC updates in one jitted scan "
         "(compile_s: the first call apart); gflop_per_s from the dense layers' FLOPs.",
@@ -82,6 +187,13 @@ def main() -> None:
         f"{REFERENCE_UPDATES_PER_S[1]} updates/s at batch 256 (REFERENCE.md); ratio to its "
         f"midpoint: {r['vs_pytorch_1thread']:.2f}x (goal: 10x)" +
         (" -- not comparable: quick sizes." if args.quick else "."),
+        f"Ensemble epoch: {epoch['epoch_s']:.1f} s on {epoch['transitions']:,} transitions; "
+        f"reference ~{REFERENCE_EPOCH_S_100K:.0f} s per epoch on 100k (goal: 5x faster)"
+        + (f", ratio {epoch['vs_pytorch_1thread']:.2f}x." if "vs_pytorch_1thread" in epoch
+           else " -- not comparable: quick sizes."),
+        f"Rollouts: {rollout['transitions_per_s']:,.0f} transitions/s; reference "
+        f"~{REFERENCE_ROLLOUT_PER_S:,.0f}/s (goal: 5x), ratio "
+        f"{rollout['vs_pytorch_1thread']:.2f}x" + (" -- quick sizes." if args.quick else "."),
     ]
     write_results("offline", rows, hardware(), notes, quick=args.quick)
 

@@ -12,30 +12,10 @@ updates then follow) keeps the host loop out of the way; SAC's usual is one.
 
 import ml_collections
 
+from jaxwm.algos.sac import config_block as sac_block
 from jaxwm.config import base_config
 
 VARIANTS = ("pendulum", "mujoco")
-
-
-def sac_block(**overrides) -> ml_collections.ConfigDict:
-    s = ml_collections.ConfigDict()
-    s.actor_hidden = (256, 256)
-    s.critic_hidden = (256, 256)
-    s.gamma = 0.99
-    s.tau = 0.005
-    s.batch_size = 256
-    s.actor_lr = 3e-4
-    s.critic_lr = 3e-4
-    s.alpha_lr = 3e-4
-    s.auto_alpha = True
-    s.initial_alpha = 1.0
-    s.target_entropy = ml_collections.FieldReference(None, field_type=float)  # None: -|A|
-    s.capacity = 1_000_000
-    s.learning_starts = 5_000
-    s.steps_per_collect = 8  # per env
-    s.updates_per_step = 1.0  # updates per env step
-    s.update(overrides)
-    return s
 
 
 def get_config(variant: str = "pendulum") -> ml_collections.ConfigDict:

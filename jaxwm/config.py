@@ -48,6 +48,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.num_episodes = 10
     c.eval.temperature = 1.0  # 0: the policy's mode (greedy); 1: as trained
     c.eval.video = False
+    c.eval.action_noise = 0.0  # std of Gaussian noise added to actions (robustness tests)
+    c.eval.obs_noise = 0.0  # std of Gaussian noise added to the observations the policy sees
     return c
 
 
@@ -68,6 +70,8 @@ def validate_common(c: ml_collections.ConfigDict) -> None:
     _require(c.checkpoint.keep > 0, "checkpoint.keep must be > 0.")
     _require(c.eval.temperature >= 0, f"eval.temperature must be >= 0 (0: greedy), got "
              f"{c.eval.temperature}.")
+    _require(c.eval.action_noise >= 0 and c.eval.obs_noise >= 0,
+             "eval.action_noise and eval.obs_noise are standard deviations: >= 0.")
     _require(c.num_devices >= 0, "num_devices must be >= 0 (0: all devices).")
     _require(c.num_seeds >= 1, f"num_seeds must be >= 1, got {c.num_seeds}.")
     from jaxwm.loop.phases import Clock  # the loop imports this module

@@ -107,3 +107,80 @@ def test_sampling_at_a_temperature():
 def test_negative_temperature_is_refused():
     with pytest.raises(ConfigError, match="eval.temperature must be >= 0"):
         validate_common(eval_config(4, 10, temperature=-0.5))
+
+
+class RecordingEnv:
+    """A continuous-action env that records the actions it receives: zero observations,
+    reward 1 per step, episodes of 10 steps (envpool's reset step after each)."""
+
+    def __init__(self, num_envs=2, discrete=False):
+        self.spec = types.SimpleNamespace(
+            num_envs=num_envs, max_episode_steps=10,
+            action_low=None if discrete else np.array([-1.0, -1.0], np.float32),
+            action_high=None if discrete else np.array([1.0, 1.0], np.float32))
+        self.can_render = False
+        self.actions = []
+
+    def _result(self, reward, terminated):
+        n = self.spec.num_envs
+        return StepResult(obs=np.zeros((n, 3), np.float32), reward=reward,
+                          terminated=terminated, truncated=np.zeros(n, bool),
+                          episode_over=terminated, raw_reward=reward)
+
+    def reset(self):
+        self.t = 0
+        return self._result(np.zeros(self.spec.num_envs, np.float32),
+                            np.zeros(self.spec.num_envs, bool))
+
+    def step(self, action):
+        self.actions.append(np.array(action))
+        self.t += 1
+        n = self.spec.num_envs
+        reset_step = self.t % 11 == 0
+        return self._result(np.full(n, 0.0 if reset_step else 1.0, np.float32),
+                            np.full(n, self.t % 11 == 10))
+
+    def close(self):
+        pass
+
+
+def _noisy_run(action_noise=0.0, obs_noise=0.0, reference=None):
+    config = base_config()
+    config.eval.num_envs, config.eval.num_episodes = 2, 20
+    config.eval.action_noise, config.eval.obs_noise = action_noise, obs_noise
+    seen = []
+
+    def act(state, carry, obs, is_first, key, temperature):
+        seen.append(np.array(obs))
+        return carry, np.full((obs.shape[0], 2), 0.5, np.float32)
+
+    env = RecordingEnv()
+    evaluator = Evaluator(config, Policy(lambda s, n: (), act, score_reference=reference), env)
+    metrics = evaluator.run(None, jax.random.PRNGKey(0))
+    return metrics, np.concatenate(seen), np.concatenate(env.actions)
+
+
+def test_noisy_evaluation_perturbs_actions_and_observations_and_reports_scores():
+    metrics, obs, actions = _noisy_run()
+    assert np.all(obs == 0) and np.all(actions == 0.5)
+    assert metrics["eval/episodic_return"] == 10.0 and "eval/normalized_score" not in metrics
+
+    _, obs, actions = _noisy_run(action_noise=0.3)
+    assert np.all(obs == 0)
+    assert 0.25 < np.std(actions - 0.5) < 0.32 and actions.max() <= 1.0  # clipped to the box
+    assert np.any(actions == 1.0)
+
+    metrics, obs, actions = _noisy_run(obs_noise=0.2, reference=(0.0, 20.0))
+    assert np.all(actions == 0.5) and abs(np.std(obs) - 0.2) < 0.02
+    assert metrics["eval/normalized_score"] == pytest.approx(50.0)
+    assert metrics["eval/normalized_score_std"] == pytest.approx(0.0)
+
+
+def test_action_noise_needs_continuous_actions():
+    config = base_config()
+    config.eval.num_envs, config.eval.action_noise = 2, 0.1
+    with pytest.raises(ConfigError, match="continuous action space"):
+        Evaluator(config, Policy(lambda s, n: (), None), RecordingEnv(discrete=True))
+    config.eval.action_noise = -1.0
+    with pytest.raises(ConfigError, match="standard deviations"):
+        validate_common(config)

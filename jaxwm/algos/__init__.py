@@ -11,6 +11,8 @@ REGISTRY = {
     "ppo": "jaxwm.algos.ppo",
     "mbrs": "jaxwm.algos.mbrs",
     "sac": "jaxwm.algos.sac",
+    "mopo": "jaxwm.algos.mopo",
+    "gormpo": "jaxwm.algos.mopo",  # MOPO with GORMPO's density penalty
 }
 
 

@@ -20,6 +20,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from flax import struct
 
@@ -36,6 +37,28 @@ class SACState:
     learner: sac.Learner
     replay: replay.ReplayState
     actor: transitions.Cursor
+
+
+def config_block(**overrides) -> ml_collections.ConfigDict:
+    """The ``config.sac`` block (Haarnoja et al. 2018 sizes), shared by online SAC and MOPO."""
+    s = ml_collections.ConfigDict()
+    s.actor_hidden = (256, 256)
+    s.critic_hidden = (256, 256)
+    s.gamma = 0.99
+    s.tau = 0.005
+    s.batch_size = 256
+    s.actor_lr = 3e-4
+    s.critic_lr = 3e-4
+    s.alpha_lr = 3e-4
+    s.auto_alpha = True
+    s.initial_alpha = 1.0
+    s.target_entropy = ml_collections.FieldReference(None, field_type=float)  # None: -|A|
+    s.capacity = 1_000_000
+    s.learning_starts = 5_000
+    s.steps_per_collect = 8  # per env
+    s.updates_per_step = 1.0  # updates per env step
+    s.update(overrides)
+    return s
 
 
 def validate(config) -> None:

@@ -84,11 +84,13 @@ class Policy:
     ``act(state, carry, obs, is_first, key, temperature) -> (carry, action)`` (jitted;
     ``temperature`` 0 is the distribution's mode, 1 the policy as trained). With
     ``num_seeds`` N > 1 (``loop.seeds``) the envs are N groups of equal size, seed-major, and
-    ``key`` has a seed axis."""
+    ``key`` has a seed axis. ``score_reference`` (min, max) returns, where known, make the
+    evaluator report D4RL's normalised score ``100 (R - min) / (max - min)`` too."""
 
     init_carry: Callable[[Any, int], Any]
     act: Callable[..., tuple[Any, jax.Array]]
     num_seeds: int = 1
+    score_reference: tuple[float, float] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

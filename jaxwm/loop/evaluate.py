@@ -13,6 +13,16 @@ early (in CartPole, failing).
 With several seeds (``Policy.num_seeds``) the pool holds each seed's envs in turn, every
 seed gets the same quotas, and the metrics are ``PerSeed``: each seed's mean.
 
+Noisy evaluation (GORMPO's robustness wrappers, ``RandomNormalNoisyActions`` /
+``RandomNormalNoisyTransitions``): ``eval.action_noise`` adds N(0, sigma^2) to every action
+dimension before the env sees it (then clipped to the action box) and ``eval.obs_noise``
+adds N(0, sigma^2) to the observations the policy sees; both at once is their combined
+wrapper. The noise has its own generator seeded from the run's seed, so evaluations repeat.
+
+Where the policy knows reference returns (``Policy.score_reference``, an offline dataset's),
+D4RL's normalised score is reported beside the return: ``eval/normalized_score`` and its std
+over episodes.
+
 A video records env 0's first episode and is returned as a ``metrics.Video``, which the
 loop writes as a GIF (Pillow ships with matplotlib's dependencies, so no ffmpeg is needed).
 """
@@ -24,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxwm.config import ConfigError
+from jaxwm.data.datasets import normalized_score
 from jaxwm.envs import EpisodeStats, make_env
 from jaxwm.loop import seeds
 from jaxwm.loop.metrics import PerSeed, Video
@@ -52,6 +63,13 @@ class Evaluator:
             self.env.close()
             raise ConfigError(f"eval.video is not available for {config.env.id}: envpool cannot "
                               "render MuJoCo/DMC envs here. Set --config.eval.video=False.")
+        self.action_noise = float(self.config.get("action_noise", 0.0))
+        self.obs_noise = float(self.config.get("obs_noise", 0.0))
+        if self.action_noise and self.env.spec.action_low is None:
+            self.env.close()
+            raise ConfigError(f"eval.action_noise needs a continuous action space; "
+                              f"{config.env.id}'s is discrete. Set --config.eval.action_noise=0.")
+        self.noise = np.random.default_rng(config.seed + seed_offset)
 
     def run(self, state, key) -> dict:
         env, quotas = self.env, self.quotas
@@ -70,9 +88,16 @@ class Evaluator:
             if recording:
                 frames.append(env.render())
             key, act_key = seeds.split(key)
-            carry, action = self.policy.act(state, carry, res.obs, is_first, act_key, temperature)
+            obs = res.obs
+            if self.obs_noise:
+                obs = obs + self.noise.normal(0.0, self.obs_noise, obs.shape).astype(obs.dtype)
+            carry, action = self.policy.act(state, carry, obs, is_first, act_key, temperature)
+            action = np.asarray(action)
+            if self.action_noise:
+                action = np.clip(action + self.noise.normal(0.0, self.action_noise, action.shape),
+                                 env.spec.action_low, env.spec.action_high).astype(action.dtype)
             prev_done = res.done
-            res = env.step(np.asarray(action))
+            res = env.step(action)
             stats, completed = stats.update(res)
             completed = jax.device_get(completed)
             is_first = np.asarray(prev_done)
@@ -102,6 +127,10 @@ class Evaluator:
         stats = {"eval/episodic_return": [np.mean(r) for r in returns],
                  "eval/episodic_return_std": [np.std(r) for r in returns],
                  "eval/episodic_length": [np.mean(n) for n in lengths]}
+        if self.policy.score_reference is not None:
+            scores = [normalized_score(r, self.policy.score_reference) for r in returns]
+            stats["eval/normalized_score"] = [np.mean(s) for s in scores]
+            stats["eval/normalized_score_std"] = [np.std(s) for s in scores]
         wrap = (lambda v: float(v[0])) if self.num_seeds == 1 else \
             (lambda v: PerSeed(np.asarray(v, np.float64)))
         return {**{name: wrap(v) for name, v in stats.items()},

@@ -237,30 +237,60 @@ def read_jsonl(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_learning_curve(jsonl_path: str, png_path: str, title: str, x_label: str) -> bool:
-    """Training and evaluation return against the run's x-axis. False if nothing to plot.
+RETURN_SERIES = {"train (episodic return)": "charts/episodic_return",
+                 "eval": "eval/episodic_return"}
+SCORE_SERIES = {"eval": "eval/normalized_score"}
+
+
+def write_eval_csv(jsonl_path: str, csv_path: str) -> bool:
+    """The evaluation rows of ``metrics.jsonl`` as a CSV (step, counters, eval/* scalars), so
+    that a run's results open in any spreadsheet. False if the run has no evaluation."""
+    import csv
+
+    rows = [r for r in (read_jsonl(jsonl_path) if os.path.exists(jsonl_path) else [])
+            if "eval/episodic_return" in r]
+    if not rows:
+        return False
+    columns = ["step"] + sorted({k for r in rows for k in r
+                                 if k.startswith(("counters/", "eval/"))
+                                 and not isinstance(r[k], str)})
+    with open(csv_path + ".tmp", "w", newline="") as f:
+        writer = csv.DictWriter(f, columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(csv_path + ".tmp", csv_path)
+    return True
+
+
+def plot_learning_curve(jsonl_path: str, png_path: str, title: str, x_label: str,
+                        series: dict | None = None, y_label: str = "return") -> bool:
+    """The ``series`` ({label: metric}; default: training and evaluation return) against the
+    run's x-axis. False if nothing to plot.
 
     With several seeds: the mean over seeds, a band of one std across them and each seed as
-    a thin line."""
+    a thin line; with one seed, a ``<metric>_std`` in the rows (spread over evaluation
+    episodes) is drawn as the band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = read_jsonl(jsonl_path) if os.path.exists(jsonl_path) else []
-    series = {
-        "train (episodic return)": "charts/episodic_return",
-        "eval": "eval/episodic_return",
-    }
+    series = RETURN_SERIES if series is None else series
     fig, ax = plt.subplots(figsize=(7, 4))
     plotted = False
     for label, name in series.items():
-        points = [(r["step"], r[name], r.get(f"{name}/seed_std")) for r in rows if name in r]
+        points = [(r["step"], r[name], r.get(f"{name}/seed_std", np.nan),
+                   r.get(f"{name}_std", np.nan)) for r in rows if name in r]
         if not points:
             continue
-        xs, ys, spread = (np.asarray(v, np.float64) for v in zip(*points, strict=True))
+        xs, ys, spread, episode_std = (np.asarray(v, np.float64)
+                                       for v in zip(*points, strict=True))
         line, = ax.plot(xs, ys, marker="o" if label == "eval" else None, markersize=3,
                         label=label if np.isnan(spread).all() else f"{label}, mean ± std of seeds")
+        if np.isnan(spread).all() and not np.isnan(episode_std).all():
+            ax.fill_between(xs, ys - episode_std, ys + episode_std, color=line.get_color(),
+                            alpha=0.2, label=f"{label} ± std over episodes")
         if not np.isnan(spread).all():
             ax.fill_between(xs, ys - spread, ys + spread, color=line.get_color(), alpha=0.2)
             for k in range(max(int(n.rsplit("_", 1)[1]) for r in rows for n in r
@@ -273,7 +303,7 @@ def plot_learning_curve(jsonl_path: str, png_path: str, title: str, x_label: str
         plotted = True
     if plotted:
         ax.set_xlabel(x_label.replace("_", " "))
-        ax.set_ylabel("return")
+        ax.set_ylabel(y_label)
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend()

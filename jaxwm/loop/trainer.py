@@ -13,7 +13,8 @@ checkpoint taken then could not resume; a log row then holds the whole iteration
 It owns, and nothing below it does: the progress bar, TensorBoard and ``metrics.jsonl``
 (x-axis ``log.x_axis``, default env steps), orbax checkpoints (periodic, final, on a
 signal), resumption (to the exact position inside a cycle), the evaluation schedule, early
-phase ends, per-hook timing and the learning-curve PNG.
+phase ends, per-hook timing, the learning-curve PNG (and the normalised-score PNG where the policy has
+reference returns) and ``eval.csv`` (every evaluation's counters and results).
 
 Metrics stay on the device until a log step, then are fetched in one transfer. Non-finite
 losses stop the run at that log step (or before a checkpoint) with the last good checkpoint
@@ -42,7 +43,14 @@ from tqdm import tqdm
 from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import EVALUATE, Algorithm
 from jaxwm.loop.checkpoint import Checkpointer, prepare_workdir
-from jaxwm.loop.metrics import MEDIA, MetricWindow, MetricWriter, plot_learning_curve
+from jaxwm.loop.metrics import (
+    MEDIA,
+    SCORE_SERIES,
+    MetricWindow,
+    MetricWriter,
+    plot_learning_curve,
+    write_eval_csv,
+)
 from jaxwm.loop.phases import Clock, Scheduler, check_phases, phases_from_config
 
 
@@ -319,9 +327,12 @@ class Trainer:
             self.checkpointer.close()
             bar.close()
             writer.close()
-        png = os.path.join(self.workdir, "learning_curve.png")
-        plot_learning_curve(writer.path, png, f"{algorithm.name} on {self.config.env.id}",
-                            x_axis)
+        title = f"{algorithm.name} on {self.config.env.id}"
+        plot_learning_curve(writer.path, os.path.join(self.workdir, "learning_curve.png"),
+                            title, x_axis)
+        plot_learning_curve(writer.path, os.path.join(self.workdir, "normalized_score.png"),
+                            title, x_axis, SCORE_SERIES, "D4RL normalised score")
+        write_eval_csv(writer.path, os.path.join(self.workdir, "eval.csv"))
         self.state = state
         return {**last, "interrupted": interrupted, "calls": sched.calls,
                 "counters": dict(sched.totals), **sched.totals}

@@ -150,11 +150,12 @@ def holdout_mse(spec: EnsembleSpec, params, scaler: Normalizer, batch) -> jax.Ar
 
 
 def train_epoch(spec: EnsembleSpec, state: EnsembleState, data, train_index, bootstrap,
-                holdout_index, key):
+                holdout_index, key, constrain=lambda x: x):
     """One epoch: every member passes once over its bootstrap resample (``bootstrap``
     [members, n_train] positions into ``train_index``), shuffled, in minibatches of
     ``batch_size`` (the last one wrapping around); then held-out MSE and snapshots.
-    ``data`` holds the dataset's transitions (obs, action, reward, next_obs)."""
+    ``data`` holds the dataset's transitions (obs, action, reward, next_obs). ``constrain``
+    places each [members, batch, ...] minibatch (data parallel: split on the batch axis)."""
     members, n = bootstrap.shape
     num_batches = -(-n // spec.batch_size)
     order = jax.vmap(jax.random.permutation)(jax.random.split(key, members), bootstrap)
@@ -167,7 +168,7 @@ def train_epoch(spec: EnsembleSpec, state: EnsembleState, data, train_index, boo
         index = train_index[rows]
         batch = jax.tree.map(lambda v: v[index], data)
         x = (inputs(batch["obs"], batch["action"]) - state.scaler.mean) / state.scaler.std
-        y = targets(batch)
+        x, y = constrain(x), constrain(targets(batch))
 
         def total(p):
             loss, nll = jax.vmap(lambda pm, xm, ym: member_loss(spec, pm, xm, ym))(p, x, y)

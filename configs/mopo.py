@@ -1,0 +1,100 @@
+"""Offline model-based RL: MOPO and GORMPO (jaxwm/algos/mopo.py). Launch:
+python -m jaxwm.train --config=configs/mopo.py:pendulum_tiny        # minutes on a CPU
+python -m jaxwm.train --config=configs/mopo.py:hopper_medium --config.dataset=data/hopper-medium.hdf5
+python -m jaxwm.train --config=configs/mopo.py:hopper_medium --config.algo=gormpo \
+    --config.penalty=tanh --config.penalty_coef=0.5
+python -m jaxwm.train --config=configs/mopo.py:halfcheetah_medium \
+    --config.dataset=~/.d4rl/datasets/halfcheetah_medium-v2.hdf5
+
+Phases: ``model`` trains the dynamics ensemble epoch by epoch until no member has improved
+its held-out MSE for ``mopo.model_patience`` epochs (``until=model_converged``; the duration
+is a cap); ``policy`` cycles imagine (one batch of model rollouts) -> update_agent
+(``mopo.updates_per_epoch`` SAC updates), OfflineRL-Kit's rollout every 1000 updates, for
+``phases.policy.duration`` updates (3M: OfflineRL-Kit's 3000 epochs).
+GORMPO fits its density model before the loop starts (cached per dataset).
+
+Settings follow OfflineRL-Kit's MOPO and REFERENCE.md: ensemble 7 / elites 5, 4x200 Swish,
+lr 1e-3, batch 256; rollouts from 50k dataset states, model buffer of 5 rollout batches,
+5% real data; SAC 256x256 with actor 1e-4, critic 3e-4, alpha 1e-4; 3000 epochs of 1000
+updates; per-dataset horizon / lambda (hopper-medium 5 / 5, halfcheetah-medium 5 / 0.5).
+``pendulum_tiny`` is the same code path at CPU sizes, on a Pendulum medium dataset that it
+makes (``jaxwm.data.make_dataset``, about two minutes) when the file is missing.
+"""
+
+import ml_collections
+
+from jaxwm.algos.sac import config_block as sac_block
+from jaxwm.config import base_config
+
+VARIANTS = ("hopper_medium", "halfcheetah_medium", "walker2d_medium", "pendulum_tiny")
+# (env id, default dataset, horizon, lambda) per variant: REFERENCE.md's MOPO table.
+DATASETS = {
+    "hopper_medium": ("Hopper-v4", "data/hopper-medium.hdf5", 5, 5.0),
+    "halfcheetah_medium": ("HalfCheetah-v4", "data/halfcheetah-medium.hdf5", 5, 0.5),
+    "walker2d_medium": ("Walker2d-v4", "data/walker2d-medium.hdf5", 5, 0.5),
+    "pendulum_tiny": ("Pendulum-v1", "data/pendulum-medium.hdf5", 5, 1.0),
+}
+
+
+def get_config(variant: str = "pendulum_tiny") -> ml_collections.ConfigDict:
+    if variant not in VARIANTS:
+        raise ValueError(f"Unknown mopo variant {variant!r}; choose one of {VARIANTS}.")
+    env_id, dataset, horizon, coef = DATASETS[variant]
+    tiny = variant == "pendulum_tiny"
+    c = base_config()
+    c.algo = "mopo"  # or "gormpo"
+    c.env.id = env_id
+    c.env.num_envs = 1  # offline: the env is only evaluated (eval.num_envs)
+    c.dataset = dataset
+    c.penalty = ""  # "": the algorithm's own (mopo: uncertainty; gormpo: linear)
+    c.penalty_coef = coef
+    # Make the dataset when the file is missing (pendulum_tiny only; level "" never makes).
+    c.dataset_make = ml_collections.ConfigDict(
+        {"level": "medium" if tiny else "", "size": 20_000, "train_steps": 20_000})
+
+    m = ml_collections.ConfigDict()
+    m.num_members = 7
+    m.num_elites = 5
+    m.model_hidden = (200, 200, 200, 200)
+    m.weight_decay = (2.5e-5, 5e-5, 7.5e-5, 7.5e-5, 1e-4)
+    m.model_lr = 1e-3
+    m.model_batch = 256
+    m.model_patience = 5
+    m.horizon = horizon
+    m.rollout_batch = 5_000 if tiny else 50_000
+    m.retain_epochs = 5
+    m.real_ratio = 0.05
+    m.updates_per_epoch = 1_000
+    c.mopo = m
+    c.sac = sac_block(actor_lr=1e-4, critic_lr=3e-4, alpha_lr=1e-4)
+
+    g = ml_collections.ConfigDict()
+    g.num_couplings = 6
+    g.hidden = (256, 256)
+    g.learning_rate = 1e-3
+    g.batch_size = 128
+    g.max_epochs = 60
+    g.patience = 15
+    g.threshold_quantile = 0.05
+    g.score_next_state = False  # True: the reference's (predicted s', a) instead of (s, a)
+    g.cache_dir = "~/.cache/jaxwm/density"
+    c.gormpo = g
+
+    c.phase_order = ("model", "policy")
+    # Budgets live in the phases, which a resume may change (train longer: raise
+    # --config.phases.policy.duration and pass --config.resume=True).
+    c.phases.model = dict(unit="model_epochs", duration=100 if tiny else 2_000,
+                          hooks=("update_model",), until="model_converged")
+    c.phases.policy = dict(unit="agent_updates", duration=20_000 if tiny else 3_000_000,
+                           hooks=("imagine", "update_agent"))
+    c.log.x_axis = "agent_updates"
+    c.log.every = "5 model_epochs, 1000 agent_updates" if tiny else \
+        "10 model_epochs, 10000 agent_updates"
+    c.checkpoint.every = "50 model_epochs, 5000 agent_updates" if tiny else \
+        "50 model_epochs, 100000 agent_updates"
+    c.eval.every = "5000 agent_updates" if tiny else "50000 agent_updates"
+    c.eval.num_envs = 5
+    c.eval.num_episodes = 10
+    c.eval.temperature = 0.0  # SAC's deterministic policy, tanh(mean)
+    c.lock()
+    return c

@@ -1,0 +1,338 @@
+"""Offline model-based RL: MOPO and GORMPO on a fixed dataset (``config.algo`` mopo | gormpo).
+
+MOPO (Yu et al. 2020, "MOPO: Model-based Offline Policy Optimization", algorithm 2) as
+OfflineRL-Kit runs it, and GORMPO (seed 002), which swaps MOPO's uncertainty penalty for a
+RealNVP density penalty. Hooks:
+
+* ``update_model``: one epoch of the dynamics ensemble (``jaxwm.models.ensemble``) on the
+  dataset's training split; the ``model`` phase ends early through the loop
+  (``until=model_converged``) once no member has improved its held-out MSE for
+  ``mopo.model_patience`` epochs.
+* ``imagine``: one batch of model rollouts (``mopo.rollout_batch`` starts drawn from the
+  dataset, ``mopo.horizon`` steps, the current actor's sampled actions, a uniformly chosen
+  elite per row and sampled predictions), stopping each row where the env's termination rule
+  (``jaxwm.models.termination``) says the episode ended. Rewards are penalised:
+  ``r - lambda * u`` with ``u`` MOPO's ``max over members of ||sigma||`` (eq. 7 with the
+  "max aleatoric" estimator) or, for GORMPO, the density penalty of
+  ``penalty`` shape on the RealNVP log-probability. The transitions go to a model buffer that
+  keeps the last ``mopo.retain_epochs`` rollout batches.
+* ``update_agent``: ``mopo.updates_per_epoch`` SAC updates in one scan
+  (``jaxwm.agents.sac.make_update``) on batches of ``real_ratio`` dataset transitions and the
+  rest from the model buffer.
+
+One policy epoch is thus two compiled calls (rollout, then K updates); the host only
+schedules them. The dataset is read-only data of the algorithm (on device once, sharded over
+the mesh when large); the ensemble, SAC learner and model buffer are the state, all of it
+checkpointed, so a resumed run continues exactly.
+
+GORMPO's density model is fit once per dataset before training (``fit_density``: shuffled
+epochs, validation early stopping through ``jaxwm.models.patience``), cached on disk under
+``gormpo.cache_dir`` keyed by the dataset's contents and the density settings, and reused by
+later runs (and by resumes); it is read-only data like the dataset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import serialization, struct
+from jax.sharding import NamedSharding, PartitionSpec
+from tqdm import tqdm
+
+from jaxwm import backend, parallel
+from jaxwm.agents import sac
+from jaxwm.config import ConfigError
+from jaxwm.data import replay
+from jaxwm.data.datasets import Dataset, DatasetError, load_dataset
+from jaxwm.envs import make_env, require_continuous_vectors
+from jaxwm.loop.algorithm import Algorithm, Hook, Policy
+from jaxwm.models import ensemble, realnvp, termination
+from jaxwm.models.dynamics import Normalizer
+
+UNCERTAINTY = "uncertainty"  # MOPO's penalty
+ALGOS = ("mopo", "gormpo")
+
+
+@struct.dataclass
+class MOPOState:
+    model: ensemble.EnsembleState
+    learner: sac.Learner
+    buffer: replay.ReplayState  # model rollouts
+
+
+def penalty_shape(config) -> str:
+    """The penalty in use: ``config.penalty``, or the algorithm's own when left empty."""
+    return config.penalty or (UNCERTAINTY if config.algo == "mopo" else "linear")
+
+
+def validate(config) -> None:
+    m, shape = config.mopo, penalty_shape(config)
+    valid = (UNCERTAINTY,) if config.algo == "mopo" else realnvp.PENALTY_SHAPES
+    checks = [
+        (config.algo in ALGOS, f"algo must be one of {ALGOS} for configs/mopo.py."),
+        (shape in valid,
+         f"Unknown penalty {shape!r} for {config.algo}; valid: {list(valid)}"
+         + (" (the density shapes are GORMPO's: set --config.algo=gormpo)."
+            if config.algo == "mopo" and shape in realnvp.PENALTY_SHAPES else ".")),
+        (config.penalty_coef >= 0, "penalty_coef must be >= 0."),
+        (config.num_seeds == 1, "num_seeds > 1 is not supported by MOPO yet: run one process "
+                                "per seed."),
+        (bool(config.dataset), "Set --config.dataset to a D4RL-format HDF5 file or a Minari "
+                               "dataset (python -m jaxwm.data.make_dataset makes one)."),
+        (0 < m.num_elites <= m.num_members, "mopo.num_elites must be in [1, num_members]."),
+        (m.horizon > 0 and m.rollout_batch > 0 and m.retain_epochs > 0,
+         "mopo.horizon, rollout_batch and retain_epochs must be > 0."),
+        (0.0 <= m.real_ratio <= 1.0, "mopo.real_ratio must be in [0, 1]."),
+        (m.updates_per_epoch > 0 and m.model_patience > 0,
+         "mopo.updates_per_epoch and model_patience must be > 0."),
+    ]
+    num_devices = config.num_devices or jax.device_count()
+    checks.append((all(n % num_devices == 0 for n in (config.sac.batch_size, m.rollout_batch,
+                                                       m.model_batch)),
+                   f"sac.batch_size, mopo.rollout_batch and mopo.model_batch must split over "
+                   f"{num_devices} devices."))
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def ensemble_spec(config, obs_dim: int, action_dim: int) -> ensemble.EnsembleSpec:
+    m = config.mopo
+    return ensemble.EnsembleSpec(obs_dim, action_dim, m.num_members, m.num_elites,
+                                 tuple(m.model_hidden), tuple(m.weight_decay), m.model_lr,
+                                 m.model_batch)
+
+
+def density_spec(config, dim: int) -> realnvp.DensitySpec:
+    g = config.gormpo
+    return realnvp.DensitySpec(dim, g.num_couplings, tuple(g.hidden), g.learning_rate,
+                               g.batch_size, g.max_epochs, g.patience, g.threshold_quantile)
+
+
+def load_for(config) -> Dataset:
+    """The dataset, checked against the env; a pendulum_tiny-style config
+    (``dataset_make.level`` set) makes it first when the file is missing."""
+    path = os.path.expanduser(config.dataset)
+    make = config.get("dataset_make")
+    if make is not None and make.level and not os.path.exists(path):
+        from jaxwm.data import make_dataset
+
+        tqdm.write(f"{path} does not exist: making it ({config.env.id}, {make.level}, "
+                   f"{make.size} transitions) with python -m jaxwm.data.make_dataset.")
+        make_dataset.make(config.env.id, make.level, path, size=make.size,
+                          train_steps=make.train_steps, seed=config.seed)
+    try:
+        return load_dataset(path)
+    except DatasetError as e:
+        raise ConfigError(str(e)) from e
+
+
+def fit_density(config, x: np.ndarray) -> tuple[realnvp.DensitySpec, dict, Normalizer, float]:
+    """GORMPO's RealNVP on the dataset's (s, a) ``x``: loaded from the cache when a model for
+    the same data, settings and seed is there; otherwise trained (a progress bar per epoch)
+    and saved. Returns (spec, params of the best epoch, scaler, threshold tau)."""
+    spec = density_spec(config, x.shape[1])
+    digest = hashlib.sha1(np.ascontiguousarray(x, np.float32).tobytes())
+    digest.update(json.dumps({**dataclasses.asdict(spec), "seed": config.seed}).encode())
+    cache = os.path.join(os.path.expanduser(config.gormpo.cache_dir),
+                         f"realnvp-{digest.hexdigest()[:16]}.msgpack")
+    template = realnvp.init_density(spec, jax.random.key(0), Normalizer.identity(spec.dim))
+    if os.path.exists(cache):
+        with open(cache, "rb") as f:
+            saved = serialization.from_bytes(
+                {"params": template.params, "scaler": template.scaler, "tau": template.tau},
+                f.read())
+        tqdm.write(f"GORMPO density model loaded from {cache}.")
+        return spec, saved["params"], saved["scaler"], float(saved["tau"])
+
+    rng = np.random.default_rng(config.seed)
+    train, val, _ = realnvp.split_indices(len(x), rng)
+    xs = jnp.asarray(x)
+    state = realnvp.init_density(spec, jax.random.key(config.seed), Normalizer.fit(xs[train]))
+    epoch = backend.jit(partial(realnvp.train_density_epoch, spec), donate_argnums=0)
+    key = jax.random.key(config.seed + 1)
+    with tqdm(range(spec.max_epochs), desc="GORMPO density (RealNVP)", unit="epoch",
+              disable=not config.log.progress) as bar:
+        for _ in bar:
+            key, k = jax.random.split(key)
+            state, metrics = epoch(state, xs, jnp.asarray(train), jnp.asarray(val), k)
+            bar.set_postfix(val_nll=f"{float(metrics['density/val_nll']):.3f}")
+            if not np.isfinite(float(metrics["density/val_nll"])):
+                raise FloatingPointError("The RealNVP density's validation NLL is not finite; "
+                                         "lower --config.gormpo.learning_rate.")
+            if bool(state.patience.exhausted(spec.patience)):
+                break
+    saved = {"params": state.patience.best_params, "scaler": state.scaler, "tau": state.tau}
+    os.makedirs(os.path.dirname(cache), exist_ok=True)
+    with open(cache + ".partial", "wb") as f:
+        f.write(serialization.to_bytes(saved))
+    os.replace(cache + ".partial", cache)
+    tqdm.write(f"GORMPO density model: {int(state.epochs)} epochs, best validation NLL "
+               f"{float(state.patience.best_loss):.3f}, tau {float(state.tau):.3f}; saved to "
+               f"{cache}.")
+    return spec, saved["params"], saved["scaler"], float(state.tau)
+
+
+def build(config) -> Algorithm:
+    m, s = config.mopo, config.sac
+    dataset = load_for(config)
+    # The env only for its spaces (and the evaluator's own pool): offline, nothing is stepped.
+    probe = require_continuous_vectors(make_env(config.env, num_envs=1, seed=config.seed),
+                                       config.algo)
+    try:
+        spec = probe.spec
+        try:
+            dataset.check_matches(spec.obs_shape, spec.action_shape, config.env.id)
+        except DatasetError as e:
+            raise ConfigError(str(e)) from e
+        box = sac.ActionBox(np.asarray(spec.action_low), np.asarray(spec.action_high))
+    finally:
+        probe.close()
+    obs_dim, action_dim = dataset.obs_dim, dataset.action_dim
+    terminated_fn = termination.termination_fn(config.env.id)
+    model_spec = ensemble_spec(config, obs_dim, action_dim)
+    nets = sac.SACNets.create(box, s.actor_hidden, s.critic_hidden)
+    hyper = sac.SACHyper.from_config(s)
+    shape, coef = penalty_shape(config), float(config.penalty_coef)
+
+    mesh = parallel.data_mesh(config.num_devices or None)
+    multi_device = mesh.size > 1
+    sharding = parallel.batch_sharding(mesh) if multi_device else None
+    replicate = (lambda tree: jax.device_put(tree, parallel.replicated(mesh))) if multi_device \
+        else (lambda tree: tree)
+    constrain = (lambda x: jax.lax.with_sharding_constraint(x, sharding)) if multi_device \
+        else (lambda x: x)
+    member_batches = NamedSharding(mesh, PartitionSpec(None, parallel.DATA_AXIS))
+    constrain_members = (lambda x: jax.lax.with_sharding_constraint(x, member_batches)) \
+        if multi_device else (lambda x: x)
+
+    # Read-only data: the transitions, the model's train/holdout split and bootstraps.
+    arrays = {k: np.asarray(v, np.float32) for k, v in dataset.transitions.items()}
+    rng = np.random.default_rng(config.seed)
+    train_index, holdout_index = ensemble.split_indices(len(dataset), rng)
+    bootstrap = rng.integers(0, len(train_index), size=(m.num_members, len(train_index)))
+    scaler = Normalizer.fit(jnp.asarray(ensemble.inputs(arrays["obs"][train_index],
+                                                        arrays["action"][train_index])))
+    data = {"dataset": parallel.put_readonly(arrays, mesh),
+            "model_split": replicate({"train": jnp.asarray(train_index, jnp.int32),
+                                      "bootstrap": jnp.asarray(bootstrap, jnp.int32),
+                                      "holdout": jnp.asarray(holdout_index, jnp.int32)})}
+    if config.algo == "gormpo":
+        x = np.concatenate([arrays["obs"], arrays["action"]], 1)
+        d_spec, d_params, d_scaler, tau = fit_density(config, x)
+        data["density"] = replicate({"params": d_params, "scaler": d_scaler,
+                                     "tau": jnp.float32(tau)})
+
+    def reward_penalty(std, obs, action, next_obs, density):
+        if shape == UNCERTAINTY:  # max over members of the std's norm (MOPO eq. 7)
+            return jnp.max(jnp.linalg.norm(std, axis=-1), 0)
+        scored = next_obs if config.gormpo.score_next_state else obs
+        logp = realnvp.log_prob(d_spec, density["params"], density["scaler"],
+                                jnp.concatenate([scored, action], -1))
+        return realnvp.penalty(shape, logp, density["tau"])
+
+    def init(key):
+        k_model, k_agent = jax.random.split(key)
+        example = {"obs": jnp.zeros(obs_dim), "action": jnp.zeros(action_dim),
+                   "reward": jnp.zeros(()), "next_obs": jnp.zeros(obs_dim),
+                   "terminated": jnp.zeros((), bool)}
+        return replicate(MOPOState(
+            model=ensemble.init(model_spec, k_model, scaler),
+            learner=sac.init_learner(nets, hyper, k_agent, obs_dim),
+            buffer=replay.init(m.rollout_batch * m.horizon * m.retain_epochs, example)))
+
+    @partial(backend.jit, donate_argnums=0)
+    def _model_epoch(state: MOPOState, dataset_arrays, split, key):
+        model, metrics = ensemble.train_epoch(model_spec, state.model, dataset_arrays,
+                                              split["train"], split["bootstrap"],
+                                              split["holdout"], key, constrain_members)
+        return state.replace(model=model), metrics
+
+    @partial(backend.jit, donate_argnums=0)
+    def _rollout(state: MOPOState, dataset_arrays, density, key):
+        k_start, k_steps = jax.random.split(key)
+        starts = jax.random.randint(k_start, (m.rollout_batch,), 0,
+                                    dataset_arrays["obs"].shape[0])
+        obs = constrain(dataset_arrays["obs"][starts])
+
+        def step(carry, k):
+            obs, alive = carry
+            k_act, k_model = jax.random.split(k)
+            action, _ = nets.act(state.learner.actor, obs, k_act)
+            next_obs, reward, std = ensemble.sample_step(model_spec, state.model, obs, action,
+                                                         k_model)
+            u = reward_penalty(std, obs, action, next_obs, density)
+            done = terminated_fn(obs, action, next_obs)
+            out = {"obs": obs, "action": action, "reward": reward - coef * u,
+                   "next_obs": next_obs, "terminated": done}
+            return (next_obs, alive & ~done), (out, alive, reward, u)
+
+        _, (batch, valid, raw_reward, u) = jax.lax.scan(
+            step, (obs, jnp.ones(m.rollout_batch, bool)), jax.random.split(k_steps, m.horizon))
+        flat = jax.tree.map(lambda v: v.reshape((-1,) + v.shape[2:]), batch)
+        buffer = replay.add(state.buffer, flat, valid.reshape(-1))
+        weight = valid / jnp.maximum(jnp.sum(valid), 1)
+        metrics = {"rollout/raw_reward": jnp.sum(weight * raw_reward),
+                   "rollout/penalty": jnp.sum(weight * u),
+                   "rollout/penalised_reward": jnp.sum(weight * batch["reward"]),
+                   "rollout/length": jnp.mean(jnp.sum(valid, 0).astype(jnp.float32)),
+                   "rollout/buffer_size": buffer.size.astype(jnp.float32)}
+        return state.replace(buffer=buffer), metrics
+
+    real_batch = int(round(s.batch_size * m.real_ratio))
+
+    def mixed_batch(source, key):
+        buffer, dataset_arrays = source
+        k_real, k_model = jax.random.split(key)
+        real_index = jax.random.randint(k_real, (real_batch,), 0,
+                                        dataset_arrays["obs"].shape[0])
+        real = {k: dataset_arrays[k][real_index] for k in buffer.data}
+        model = replay.sample(buffer, k_model, s.batch_size - real_batch)
+        return jax.tree.map(lambda a, b: jnp.concatenate([a, b.astype(a.dtype)]), real, model)
+
+    _sac_updates = backend.jit(sac.make_update(nets, hyper, mixed_batch, m.updates_per_epoch,
+                                               sharding), donate_argnums=0)
+
+    def update_model_hook(state, data, key):
+        state, metrics = _model_epoch(state, data["dataset"], data["model_split"], key)
+        return state, {}, metrics
+
+    def imagine_hook(state, data, key):
+        state, metrics = _rollout(state, data["dataset"], data.get("density"), key)
+        return state, {}, metrics
+
+    def update_agent_hook(state, data, key):
+        learner, metrics = _sac_updates(state.learner, (state.buffer, data["dataset"]), key)
+        return state.replace(learner=learner), {}, metrics
+
+    @backend.jit
+    def act(state, carry, obs, is_first, key, temperature):
+        del is_first
+        action, _ = nets.act(state.learner.actor, jnp.asarray(obs, jnp.float32), key,
+                             temperature)
+        return carry, action
+
+    rollout_reads = ("dataset", "density") if "density" in data else ("dataset",)
+    return Algorithm(
+        name=config.algo.upper(),
+        init=init,
+        hooks={
+            "update_model": Hook(update_model_hook, counts={"model_epochs": 1},
+                                 reads=("dataset", "model_split")),
+            "imagine": Hook(imagine_hook, counts={"model_rollouts": 1}, reads=rollout_reads),
+            "update_agent": Hook(update_agent_hook, reads=("dataset",),
+                                 counts={"agent_updates": m.updates_per_epoch}),
+        },
+        data=data,
+        predicates={"model_converged":
+                    lambda state: state.model.patience.exhausted(m.model_patience)},
+        policy=Policy(init_carry=lambda state, n: (), act=act,
+                      score_reference=dataset.reference_returns),
+    )

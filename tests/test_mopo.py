@@ -1,0 +1,123 @@
+"""MOPO / GORMPO end to end on a small Pendulum dataset: an epoch of every hook, resume in the
+middle of the policy phase, GORMPO's cached density model, bad settings; learning (slow)."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import jaxwm.config
+from jaxwm import train
+from jaxwm.algos import mopo
+from jaxwm.config import ConfigError
+from jaxwm.data import datasets, make_dataset
+from jaxwm.loop.metrics import read_jsonl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = {"mopo.model_hidden": (32, 32, 32, 32), "phases.model.duration": 3,
+         "mopo.rollout_batch": 200, "mopo.updates_per_epoch": 50, "phases.policy.duration": 100,
+         "sac.actor_hidden": (32, 32), "sac.critic_hidden": (32, 32), "sac.batch_size": 64,
+         "gormpo.hidden": (32, 32), "gormpo.num_couplings": 2, "gormpo.max_epochs": 3,
+         "log.every": "1 model_epochs, 50 agent_updates", "checkpoint.every": "never",
+         "eval.every": "50 agent_updates", "eval.num_episodes": 2, "eval.num_envs": 2}
+
+
+@pytest.fixture(scope="module")
+def pendulum_random(tmp_path_factory):
+    """4000 uniformly random Pendulum transitions in a D4RL-format file (seconds to make)."""
+    path = str(tmp_path_factory.mktemp("data") / "pendulum-random.hdf5")
+    env = {"id": "Pendulum-v1", "num_envs": 4, "max_episode_steps": 0, "masked_indices": ()}
+    arrays, _ = make_dataset.rollout(env, None, None, 4000, 4, 0, "random")
+    return datasets.write_d4rl(path, arrays, {"env_id": "Pendulum-v1", "level": "random",
+                                              "ref_min_score": -1200.0, "ref_max_score": -150.0})
+
+
+def mopo_config(path, tmp_path, **overrides):
+    return jaxwm.config.load(os.path.join(ROOT, "configs/mopo.py:pendulum_tiny"),
+                             {"log.progress": False, "dataset": path,
+                              "gormpo.cache_dir": str(tmp_path / "density"),
+                              **SMALL, **overrides})
+
+
+def test_mopo_runs_every_phase_and_reports_normalised_scores(pendulum_random, tmp_path):
+    summary = train.run(mopo_config(pendulum_random, tmp_path), str(tmp_path / "run"))
+    assert summary["model_epochs"] == 3 and summary["agent_updates"] == 100
+    assert summary["model_rollouts"] == 2
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    for name in ("losses/model_nll", "model/holdout_mse", "rollout/penalty", "rollout/length",
+                 "losses/q_loss", "eval/normalized_score"):
+        assert any(name in r for r in rows), name
+    score = summary["eval/normalized_score"]
+    assert score == pytest.approx(100 * (summary["eval/episodic_return"] + 1200) / 1050)
+    with open(tmp_path / "run" / "eval.csv") as f:
+        header, *lines = f.read().splitlines()
+    assert "eval/normalized_score_std" in header.split(",") and len(lines) == 2
+    assert os.path.exists(tmp_path / "run" / "normalized_score.png")
+    # Pendulum never terminates: every rollout runs its full horizon, so the buffer holds
+    # 2 rollouts x 200 starts x 5 steps.
+    assert [r["rollout/buffer_size"] for r in rows if "rollout/buffer_size" in r][-1] == 2000
+
+
+def test_resume_in_the_middle_of_the_policy_phase_continues_exactly(pendulum_random, tmp_path):
+    quiet = {"eval.at_end": False, "eval.every": "never"}
+    straight = mopo_config(pendulum_random, tmp_path, **{**quiet, "phases.policy.duration": 200})
+    train.run(straight, str(tmp_path / "a"))
+    train.run(mopo_config(pendulum_random, tmp_path, **quiet), str(tmp_path / "b"))
+    # Extending the phase's budget (a setting a resume may change) continues where b stopped.
+    resumed = mopo_config(pendulum_random, tmp_path,
+                          **{**quiet, "phases.policy.duration": 200, "resume": True})
+    summary = train.run(resumed, str(tmp_path / "b"))
+    assert summary["agent_updates"] == 200 and summary["model_epochs"] == 3
+    q = [[r["losses/q_loss"] for r in read_jsonl(tmp_path / run / "metrics.jsonl")
+          if "losses/q_loss" in r] for run in ("a", "b")]
+    assert len(q[0]) == 4
+    np.testing.assert_allclose(q[1], q[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", ["linear", "softplus"])
+def test_gormpo_fits_its_density_once_and_reuses_it(pendulum_random, tmp_path, shape, capsys):
+    config = mopo_config(pendulum_random, tmp_path, algo="gormpo", penalty=shape,
+                         **{"phases.policy.duration": 50, "eval.at_end": False})
+    summary = train.run(config, str(tmp_path / "run"))
+    cached = os.listdir(tmp_path / "density")
+    assert len(cached) == 1 and cached[0].endswith(".msgpack")
+    assert "saved to" in capsys.readouterr().out
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    penalties = [r["rollout/penalty"] for r in rows if "rollout/penalty" in r]
+    assert penalties and all(p >= 0 for p in penalties)
+    assert np.isfinite(summary["losses/q_loss"])
+    algo = mopo.build(config)  # a later run on the same data loads the model
+    assert "loaded from" in capsys.readouterr().out
+    assert os.listdir(tmp_path / "density") == cached
+    assert set(algo.data) == {"dataset", "model_split", "density"}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"algo": "gormpo", "penalty": "square"},
+     r"Unknown penalty 'square' for gormpo; valid: \['linear', 'inverse', 'tanh', 'softplus'\]"),
+    ({"penalty": "tanh"}, "set --config.algo=gormpo"),
+    ({"mopo.num_elites": 9}, "num_elites"),
+    ({"env.id": "Hopper-v4"}, "the dataset was made for another env"),
+    ({"dataset": "/nonexistent/hopper.hdf5", "dataset_make.level": ""},
+     "/nonexistent/hopper.hdf5"),
+])
+def test_bad_settings_are_refused(pendulum_random, tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        train.run(mopo_config(pendulum_random, tmp_path, **overrides), str(tmp_path / "run"))
+    assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+def test_hooks_donate_the_state(pendulum_random, tmp_path):
+    algo = mopo.build(mopo_config(pendulum_random, tmp_path))
+    state = algo.init(jax.random.PRNGKey(0))
+    for name in ("update_model", "imagine", "update_agent"):
+        hook = algo.hooks[name]
+        before = jax.tree.leaves(state.model if name == "update_model" else
+                                 state.buffer if name == "imagine" else state.learner)
+        state, _, metrics = hook.fn(state, {k: algo.data[k] for k in hook.reads},
+                                    jax.random.PRNGKey(1))
+        assert all(x.is_deleted() for x in before), name
+        assert all(np.isfinite(float(v)) for v in metrics.values()), name
+    json.dumps(jax.tree.map(float, metrics))
