@@ -111,3 +111,17 @@ def test_termination_rules():
     assert not termination.termination_fn("HalfCheetah-v4")(obs, None, next_obs).any()
     with pytest.raises(ValueError, match="known env families"):
         termination.termination_fn("Humanoid-v4")
+
+
+def test_an_epoch_keeps_the_state_types_so_the_second_call_does_not_recompile():
+    spec = _spec(batch_size=64)
+    rng = np.random.default_rng(0)
+    data = _linear_data(500, rng)
+    train, holdout = ensemble.split_indices(500, rng)
+    bootstrap = jnp.asarray(rng.integers(0, len(train), size=(3, len(train))))
+    state = ensemble.init(spec, jax.random.key(1), Normalizer.identity(3))
+    epoch = jax.jit(lambda s, k: ensemble.train_epoch(spec, s, data, jnp.asarray(train),
+                                                      bootstrap, jnp.asarray(holdout), k))
+    after, _ = epoch(state, jax.random.key(0))
+    assert jax.tree.map(lambda a: (a.dtype, a.weak_type), state) == \
+        jax.tree.map(lambda a: (a.dtype, a.weak_type), after)

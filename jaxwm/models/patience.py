@@ -26,7 +26,7 @@ class Patience:
     def start(cls, params, members: int | None = None) -> Patience:
         shape = () if members is None else (members,)
         # A copy: the trained params are donated by the next update.
-        return cls(jnp.full(shape, jnp.inf), jax.tree.map(jnp.copy, params),
+        return cls(jnp.full(shape, jnp.inf, jnp.float32), jax.tree.map(jnp.copy, params),
                    jnp.zeros((), jnp.int32))
 
     def exhausted(self, patience: int) -> jax.Array:

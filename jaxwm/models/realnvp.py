@@ -151,7 +151,8 @@ class DensityState:
 def init_density(spec: DensitySpec, key, scaler: Normalizer) -> DensityState:
     params = spec.flow.init(key, jnp.zeros((1, spec.dim)))
     return DensityState(params, optax.adam(spec.learning_rate).init(params), scaler,
-                        Patience.start(params), jnp.asarray(-jnp.inf), jnp.zeros((), jnp.int32))
+                        Patience.start(params), jnp.asarray(-jnp.inf, jnp.float32),
+                        jnp.zeros((), jnp.int32))
 
 
 def log_prob(spec: DensitySpec, params, scaler: Normalizer, x, chunk: int = 8192):
