@@ -12,10 +12,14 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from jaxwm import algos, parallel
-from jaxwm.config import ConfigError, validate_common
+from jaxwm import parallel
+from jaxwm.config import ConfigError
 from jaxwm.envs import UnknownEnvError
 from jaxwm.loop.checkpoint import IncompatibleCheckpointError
+
+# The flag-free entry points, re-exported: code that trains in-process (tests, benchmarks,
+# make_dataset) imports jaxwm.runner, never this module, whose flags exist once per process.
+from jaxwm.runner import default_workdir, run, validate  # noqa: F401
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/ppo.py:cartpole")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default runs/<algo>_<env>_s<seed>)")
@@ -33,35 +37,6 @@ def explain_flag_error(error: Exception) -> str:
         hint = re.search(r'Did you mean "[^"]+" instead of "[^"]+"\?', text)
         return f"unknown config key {key.group(1)!r}." + (f" {hint.group(0)}" if hint else "")
     return " ".join(lines)
-
-
-def default_workdir(config) -> str:
-    env = str(config.env.id).replace("/", "_")
-    return f"runs/{config.algo}_{env}_s{config.seed}"
-
-
-def validate(config) -> None:
-    validate_common(config)
-    algos.get(config.algo).validate(config)
-
-
-def run(config, workdir: str):
-    """Validates, builds and trains; returns the trainer's final metrics."""
-    from jaxwm.loop.evaluate import Evaluator
-    from jaxwm.loop.trainer import Trainer
-
-    validate(config)
-    module = algos.get(config.algo)
-    algorithm = module.build(config)
-    evaluator = None
-    try:
-        if algorithm.policy is not None:
-            evaluator = Evaluator(config, algorithm.policy)
-        return Trainer(config, algorithm, workdir, evaluator).run()
-    finally:
-        algorithm.close()
-        if evaluator is not None:
-            evaluator.close()
 
 
 def main(argv=None) -> int:

@@ -60,10 +60,10 @@ def behaviour_config(env_id: str, train_steps: int, snapshot_every: int, seed: i
 def train_behaviour(config, workdir: str) -> list[tuple[int, float]]:
     """Trains (or finishes, or reuses) the behaviour SAC; returns [(env_steps, eval return)]
     at every snapshot."""
-    from jaxwm import train
+    from jaxwm import runner
 
     config.resume = os.path.isdir(os.path.join(workdir, "checkpoints"))
-    train.run(config, workdir)
+    runner.run(config, workdir)
     evals = {}
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         for line in f:

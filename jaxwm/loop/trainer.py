@@ -345,6 +345,10 @@ class Trainer:
             postfix["SPS" if self.x_axis == "env_steps" else f"{self.x_axis}/s"] = \
                 f"{last[rate]:,.0f}"
         postfix["phase"] = sched.current.name if not sched.finished else "done"
+        if not sched.finished and sched.current.unit != self.x_axis:
+            # A phase the bar's x-axis does not measure (MOPO's model epochs): its own count.
+            phase = sched.current
+            postfix[phase.unit] = f"{sched.progress[phase.name][phase.unit]}/{phase.duration}"
         if "charts/episodic_return" in last:
             postfix["return"] = f"{last['charts/episodic_return']:.1f}"
         if "eval/episodic_return" in last:

@@ -1,0 +1,37 @@
+"""Validate, build and train from a config, in this process (no flags): what
+``python -m jaxwm.train`` runs after parsing its command line, and what tests, benchmarks and
+``jaxwm.data.make_dataset`` call directly."""
+
+from __future__ import annotations
+
+from jaxwm import algos
+from jaxwm.config import validate_common
+
+
+def default_workdir(config) -> str:
+    env = str(config.env.id).replace("/", "_")
+    return f"runs/{config.algo}_{env}_s{config.seed}"
+
+
+def validate(config) -> None:
+    validate_common(config)
+    algos.get(config.algo).validate(config)
+
+
+def run(config, workdir: str):
+    """Validates, builds and trains; returns the trainer's final metrics."""
+    from jaxwm.loop.evaluate import Evaluator
+    from jaxwm.loop.trainer import Trainer
+
+    validate(config)
+    module = algos.get(config.algo)
+    algorithm = module.build(config)
+    evaluator = None
+    try:
+        if algorithm.policy is not None:
+            evaluator = Evaluator(config, algorithm.policy)
+        return Trainer(config, algorithm, workdir, evaluator).run()
+    finally:
+        algorithm.close()
+        if evaluator is not None:
+            evaluator.close()
