@@ -166,6 +166,32 @@ def sac_row(batch: int, hidden: int, num_updates: int, capacity: int, repeats: i
             "vs_pytorch_1thread": per_s / np.mean(REFERENCE_UPDATES_PER_S)}
 
 
+def notes_for(rows: list[dict], quick: bool) -> list[str]:
+    """The reference comparisons, from the measured rows."""
+    sac_update = rows[0]
+    rows_of = {what: [row for row in rows if row["what"] == what]
+               for what in ("ensemble epoch", "model rollout")}
+    # The ensemble row at the reference's size (100k transitions) when there is one.
+    epoch = next((row for row in rows_of["ensemble epoch"] if "vs_pytorch_1thread" in row),
+                 rows_of["ensemble epoch"][0])
+    rollout = rows_of["model rollout"][0]
+    return [
+        "updates_per_s: median over calls of `updates_per_call` SAC updates in one jitted scan "
+        "(compile_s: the first call apart); gflop_per_s from the dense layers' FLOPs.",
+        f"Reference: OfflineRL-Kit PyTorch SAC, one CPU thread, ~{REFERENCE_UPDATES_PER_S[0]}-"
+        f"{REFERENCE_UPDATES_PER_S[1]} updates/s at batch 256 (REFERENCE.md); ratio to its "
+        f"midpoint: {sac_update['vs_pytorch_1thread']:.2f}x (goal: 10x)" +
+        (" -- not comparable: quick sizes." if quick else "."),
+        f"Ensemble epoch: {epoch['epoch_s']:.1f} s on {epoch['transitions']:,} transitions; "
+        f"reference ~{REFERENCE_EPOCH_S_100K:.0f} s per epoch on 100k (goal: 5x faster)"
+        + (f", ratio {epoch['vs_pytorch_1thread']:.2f}x." if "vs_pytorch_1thread" in epoch
+           else " -- not comparable: quick sizes."),
+        f"Rollouts: {rollout['transitions_per_s']:,.0f} transitions/s; reference "
+        f"~{REFERENCE_ROLLOUT_PER_S:,.0f}/s (goal: 5x), ratio "
+        f"{rollout['vs_pytorch_1thread']:.2f}x" + (" -- quick sizes." if quick else "."),
+    ]
+
+
 def main() -> None:
     args = parser(__doc__, repeats=3).parse_args()
     if args.quick:
@@ -177,25 +203,7 @@ def main() -> None:
                 ensemble_row(1_000_000, 200, 1),
                 rollout_row(50_000, 5, 200, args.repeats),
                 realnvp_row(50_000, 256, args.repeats)]
-    r = rows[0]
-    by_what = {row["what"]: row for row in rows}
-    epoch, rollout = by_what["ensemble epoch"], by_what["model rollout"]
-    notes = [
-        "updates_per_s: median over calls of `updates_per_call` SAC updates in one jitted scan "
-        "(compile_s: the first call apart); gflop_per_s from the dense layers' FLOPs.",
-        f"Reference: OfflineRL-Kit PyTorch SAC, one CPU thread, ~{REFERENCE_UPDATES_PER_S[0]}-"
-        f"{REFERENCE_UPDATES_PER_S[1]} updates/s at batch 256 (REFERENCE.md); ratio to its "
-        f"midpoint: {r['vs_pytorch_1thread']:.2f}x (goal: 10x)" +
-        (" -- not comparable: quick sizes." if args.quick else "."),
-        f"Ensemble epoch: {epoch['epoch_s']:.1f} s on {epoch['transitions']:,} transitions; "
-        f"reference ~{REFERENCE_EPOCH_S_100K:.0f} s per epoch on 100k (goal: 5x faster)"
-        + (f", ratio {epoch['vs_pytorch_1thread']:.2f}x." if "vs_pytorch_1thread" in epoch
-           else " -- not comparable: quick sizes."),
-        f"Rollouts: {rollout['transitions_per_s']:,.0f} transitions/s; reference "
-        f"~{REFERENCE_ROLLOUT_PER_S:,.0f}/s (goal: 5x), ratio "
-        f"{rollout['vs_pytorch_1thread']:.2f}x" + (" -- quick sizes." if args.quick else "."),
-    ]
-    write_results("offline", rows, hardware(), notes, quick=args.quick)
+    write_results("offline", rows, hardware(), notes_for(rows, args.quick), quick=args.quick)
 
 
 if __name__ == "__main__":

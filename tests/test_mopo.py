@@ -3,6 +3,7 @@ middle of the policy phase, GORMPO's cached density model, bad settings; learnin
 
 import json
 import os
+import textwrap
 
 import jax
 import numpy as np
@@ -121,6 +122,45 @@ def test_hooks_donate_the_state(pendulum_random, tmp_path):
         assert all(x.is_deleted() for x in before), name
         assert all(np.isfinite(float(v)) for v in metrics.values()), name
     json.dumps(jax.tree.map(float, metrics))
+
+
+MULTI_DEVICE_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, {root!r})
+    import jax, numpy as np
+    import jaxwm.config
+    from jaxwm.algos import mopo
+    out = {{}}
+    for n in (1, 2):
+        c = jaxwm.config.load(os.path.join({root!r}, "configs/mopo.py:pendulum_tiny"),
+                              {{"num_devices": n, "dataset": DATASET,
+                               "mopo.model_hidden": (16, 16, 16, 16),
+                               "mopo.rollout_batch": 64, "mopo.updates_per_epoch": 4,
+                               "mopo.model_batch": 32, "sac.batch_size": 32,
+                               "sac.actor_hidden": (16,), "sac.critic_hidden": (16,)}})
+        algo = mopo.build(c)
+        state = algo.init(jax.random.PRNGKey(0))
+        metrics = {{}}
+        for name in ("update_model", "imagine", "update_agent"):
+            hook = algo.hooks[name]
+            state, _, m = hook.fn(state, {{k: algo.data[k] for k in hook.reads}},
+                                  jax.random.PRNGKey(len(metrics)))
+            metrics.update({{k: float(v) for k, v in m.items()}})
+        out[n] = dict(params=[np.asarray(x).ravel().tolist()
+                              for x in jax.tree.leaves((state.model.params, state.learner))],
+                      devices=min(len(x.devices()) for x in jax.tree.leaves(state)),
+                      metrics=metrics)
+    print(json.dumps(out))
+""")
+
+
+def test_one_and_two_devices_agree(pendulum_random, run_script):
+    out = run_script(MULTI_DEVICE_SCRIPT.replace("DATASET", repr(pendulum_random)), devices=2)
+    assert out["2"]["devices"] == 2  # state replicated; batches and rollout starts split
+    for name, value in out["1"]["metrics"].items():
+        assert out["2"]["metrics"][name] == pytest.approx(value, rel=1e-4, abs=1e-5), name
+    for a, b in zip(out["1"]["params"], out["2"]["params"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
