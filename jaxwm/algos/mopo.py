@@ -48,11 +48,12 @@ from tqdm import tqdm
 
 from jaxwm import backend, parallel
 from jaxwm.agents import sac
+from jaxwm.algos.sac import actor_policy
 from jaxwm.config import ConfigError
 from jaxwm.data import replay
 from jaxwm.data.datasets import Dataset, DatasetError, load_dataset
 from jaxwm.envs import make_env, require_continuous_vectors
-from jaxwm.loop.algorithm import Algorithm, Hook, Policy
+from jaxwm.loop.algorithm import Algorithm, Hook
 from jaxwm.models import ensemble, realnvp, termination
 from jaxwm.models.dynamics import Normalizer
 
@@ -312,13 +313,6 @@ def build(config) -> Algorithm:
         learner, metrics = _sac_updates(state.learner, (state.buffer, data["dataset"]), key)
         return state.replace(learner=learner), {}, metrics
 
-    @backend.jit
-    def act(state, carry, obs, is_first, key, temperature):
-        del is_first
-        action, _ = nets.act(state.learner.actor, jnp.asarray(obs, jnp.float32), key,
-                             temperature)
-        return carry, action
-
     rollout_reads = ("dataset", "density") if "density" in data else ("dataset",)
     return Algorithm(
         name=config.algo.upper(),
@@ -333,6 +327,5 @@ def build(config) -> Algorithm:
         data=data,
         predicates={"model_converged":
                     lambda state: state.model.patience.exhausted(m.model_patience)},
-        policy=Policy(init_carry=lambda state, n: (), act=act,
-                      score_reference=dataset.reference_returns),
+        policy=actor_policy(nets, dataset.reference_returns),
     )

@@ -81,6 +81,20 @@ def validate(config) -> None:
             raise ConfigError(message)
 
 
+def actor_policy(nets: sac.SACNets, score_reference=None) -> Policy:
+    """Evaluation acting with the SAC actor of any state that has ``state.learner`` (online
+    SAC, MOPO / GORMPO): temperature 0 is tanh(mean), 1 the policy as trained."""
+
+    @backend.jit
+    def act(state, carry, obs, is_first, key, temperature):
+        del is_first
+        action, _ = nets.act(state.learner.actor, jnp.asarray(obs, jnp.float32), key,
+                             temperature)
+        return carry, action
+
+    return Policy(init_carry=lambda state, n: (), act=act, score_reference=score_reference)
+
+
 def updates_per_collect(config) -> int:
     s = config.sac
     return max(1, round(s.updates_per_step * s.steps_per_collect * config.env.num_envs))
@@ -155,13 +169,6 @@ def build(config) -> Algorithm:
         learner, metrics = _update(state.learner, state.replay, key)
         return state.replace(learner=learner), {}, metrics
 
-    @backend.jit
-    def act(state, carry, obs, is_first, key, temperature):
-        del is_first
-        action, _ = nets.act(state.learner.actor, jnp.asarray(obs, jnp.float32), key,
-                             temperature)
-        return carry, action
-
     return Algorithm(
         name="SAC",
         init=init,
@@ -169,7 +176,7 @@ def build(config) -> Algorithm:
             "collect": Hook(collect_hook, counts={"env_steps": spec.num_envs * s.steps_per_collect}),
             "update_agent": Hook(update_hook, counts={"agent_updates": num_updates}),
         },
-        policy=Policy(init_carry=lambda state, n: (), act=act),
+        policy=actor_policy(nets),
         # Learner and replay continue exactly on resume; the live envs restart their episodes.
         persistent=lambda state: state.replace(actor=None),
         on_restore=lambda fresh, saved: saved.replace(actor=fresh.actor),
