@@ -16,7 +16,9 @@ GORMPO fits its density model before the loop starts (cached per dataset).
 Settings follow OfflineRL-Kit's MOPO and REFERENCE.md: ensemble 7 / elites 5, 4x200 Swish,
 lr 1e-3, batch 256; rollouts from 50k dataset states, model buffer of 5 rollout batches,
 5% real data; SAC 256x256 with actor 1e-4, critic 3e-4, alpha 1e-4; 3000 epochs of 1000
-updates; per-dataset horizon / lambda (hopper-medium 5 / 5, halfcheetah-medium 5 / 0.5).
+updates; per-dataset horizon / lambda for the nine D4RL MuJoCo datasets (variants
+``<env>_medium``, ``<env>_medium_replay``, ``<env>_medium_expert``; e.g. hopper-medium 5 / 5,
+halfcheetah-medium 5 / 0.5, walker2d-medium-replay 1 / 2.5).
 ``pendulum_tiny`` is the same code path at CPU sizes, on a Pendulum medium dataset that it
 makes (``jaxwm.data.make_dataset``, about two minutes) when the file is missing.
 """
@@ -26,14 +28,22 @@ import ml_collections
 from jaxwm.algos.sac import config_block as sac_block
 from jaxwm.config import base_config
 
-VARIANTS = ("hopper_medium", "halfcheetah_medium", "walker2d_medium", "pendulum_tiny")
-# (env id, default dataset, horizon, lambda) per variant: REFERENCE.md's MOPO table.
-DATASETS = {
-    "hopper_medium": ("Hopper-v4", "data/hopper-medium.hdf5", 5, 5.0),
-    "halfcheetah_medium": ("HalfCheetah-v4", "data/halfcheetah-medium.hdf5", 5, 0.5),
-    "walker2d_medium": ("Walker2d-v4", "data/walker2d-medium.hdf5", 5, 0.5),
-    "pendulum_tiny": ("Pendulum-v1", "data/pendulum-medium.hdf5", 5, 1.0),
+ENV_IDS = {"hopper": "Hopper-v4", "halfcheetah": "HalfCheetah-v4", "walker2d": "Walker2d-v4"}
+# MOPO's rollout horizon h and penalty lambda per D4RL dataset (REFERENCE.md; Yu et al. 2020,
+# appendix G): (h, lambda).
+HORIZON_LAMBDA = {
+    "halfcheetah_medium": (5, 0.5), "hopper_medium": (5, 5.0), "walker2d_medium": (5, 0.5),
+    "halfcheetah_medium_replay": (5, 0.5), "hopper_medium_replay": (5, 2.5),
+    "walker2d_medium_replay": (1, 2.5), "halfcheetah_medium_expert": (5, 2.5),
+    "hopper_medium_expert": (5, 5.0), "walker2d_medium_expert": (1, 2.5),
 }
+# variant -> (env id, default dataset path, horizon, lambda)
+DATASETS = {
+    name: (ENV_IDS[name.split("_")[0]],
+           "data/" + name.replace("_", "-") + ".hdf5", h, lam)
+    for name, (h, lam) in HORIZON_LAMBDA.items()}
+DATASETS["pendulum_tiny"] = ("Pendulum-v1", "data/pendulum-medium.hdf5", 5, 1.0)
+VARIANTS = tuple(DATASETS)
 
 
 def get_config(variant: str = "pendulum_tiny") -> ml_collections.ConfigDict:

@@ -102,12 +102,24 @@ def test_gormpo_fits_its_density_once_and_reuses_it(pendulum_random, tmp_path, s
     ({"mopo.num_elites": 9}, "num_elites"),
     ({"env.id": "Hopper-v4"}, "the dataset was made for another env"),
     ({"dataset": "/nonexistent/hopper.hdf5", "dataset_make.level": ""},
-     "/nonexistent/hopper.hdf5"),
+     "/nonexistent/hopper.hdf5.*make_dataset --env=Pendulum-v1"),
 ])
 def test_bad_settings_are_refused(pendulum_random, tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         train.run(mopo_config(pendulum_random, tmp_path, **overrides), str(tmp_path / "run"))
     assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+def test_d4rl_variants_carry_mopos_horizon_and_lambda():
+    want = {"halfcheetah_medium": (5, 0.5), "hopper_medium": (5, 5.0), "walker2d_medium": (5, 0.5),
+            "halfcheetah_medium_replay": (5, 0.5), "hopper_medium_replay": (5, 2.5),
+            "walker2d_medium_replay": (1, 2.5), "halfcheetah_medium_expert": (5, 2.5),
+            "hopper_medium_expert": (5, 5.0), "walker2d_medium_expert": (1, 2.5)}
+    for variant, (horizon, coef) in want.items():
+        c = jaxwm.config.load(os.path.join(ROOT, f"configs/mopo.py:{variant}"))
+        assert (c.mopo.horizon, c.penalty_coef) == (horizon, coef), variant
+        assert c.dataset == f"data/{variant.replace('_', '-')}.hdf5"
+        assert c.env.id.split("-")[0].lower() == variant.split("_")[0]
 
 
 def test_hooks_donate_the_state(pendulum_random, tmp_path):

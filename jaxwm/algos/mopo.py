@@ -132,7 +132,10 @@ def load_for(config) -> Dataset:
     try:
         return load_dataset(path)
     except DatasetError as e:
-        raise ConfigError(str(e)) from e
+        hint = "" if os.path.exists(path) else (
+            f" Point --config.dataset at a D4RL or Minari file, or make one: python -m "
+            f"jaxwm.data.make_dataset --env={config.env.id} --level=medium --out={path}")
+        raise ConfigError(str(e) + hint) from e
 
 
 def fit_density(config, x: np.ndarray) -> tuple[realnvp.DensitySpec, dict, Normalizer, float]:
