@@ -147,8 +147,8 @@ def fit_density(config, x: np.ndarray) -> tuple[realnvp.DensitySpec, dict, Norma
     digest.update(json.dumps({**dataclasses.asdict(spec), "seed": config.seed}).encode())
     cache = os.path.join(os.path.expanduser(config.gormpo.cache_dir),
                          f"realnvp-{digest.hexdigest()[:16]}.msgpack")
-    template = realnvp.init_density(spec, jax.random.key(0), Normalizer.identity(spec.dim))
     if os.path.exists(cache):
+        template = realnvp.init_density(spec, jax.random.key(0), Normalizer.identity(spec.dim))
         with open(cache, "rb") as f:
             saved = serialization.from_bytes(
                 {"params": template.params, "scaler": template.scaler, "tau": template.tau},

@@ -63,8 +63,8 @@ class Evaluator:
             self.env.close()
             raise ConfigError(f"eval.video is not available for {config.env.id}: envpool cannot "
                               "render MuJoCo/DMC envs here. Set --config.eval.video=False.")
-        self.action_noise = float(self.config.get("action_noise", 0.0))
-        self.obs_noise = float(self.config.get("obs_noise", 0.0))
+        self.action_noise = float(self.config.action_noise)
+        self.obs_noise = float(self.config.obs_noise)
         if self.action_noise and self.env.spec.action_low is None:
             self.env.close()
             raise ConfigError(f"eval.action_noise needs a continuous action space; "

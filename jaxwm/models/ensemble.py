@@ -100,13 +100,9 @@ class EnsembleState:
     patience: Patience  # per-member snapshots and held-out MSE
     epochs: jax.Array  # int32 []
 
-    @property
-    def elites(self) -> jax.Array:
-        """Indices of the members with the lowest snapshot held-out MSE."""
-        return jnp.argsort(self.patience.best_loss)
-
     def elite_indices(self, num_elites: int) -> jax.Array:
-        return self.elites[:num_elites]
+        """The ``num_elites`` members with the lowest snapshot held-out MSE."""
+        return jnp.argsort(self.patience.best_loss)[:num_elites]
 
 
 def inputs(obs, action):
