@@ -11,7 +11,9 @@ its held-out MSE for ``mopo.model_patience`` epochs (``until=model_converged``; 
 is a cap); ``policy`` cycles imagine (one batch of model rollouts) -> update_agent
 (``mopo.updates_per_epoch`` SAC updates), OfflineRL-Kit's rollout every 1000 updates, for
 ``phases.policy.duration`` updates (3M: OfflineRL-Kit's 3000 epochs).
-GORMPO fits its density model before the loop starts (cached per dataset).
+GORMPO fits its density model before the loop starts (cached per dataset). Its inverse
+shape, e^(tau - logp), is unbounded: give it a small coefficient (--config.penalty_coef=0.01
+learned on pendulum_tiny where 1.0 diverged).
 
 Settings follow OfflineRL-Kit's MOPO and REFERENCE.md: ensemble 7 / elites 5, 4x200 Swish,
 lr 1e-3, batch 256; rollouts from 50k dataset states, model buffer of 5 rollout batches,

@@ -37,6 +37,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import warnings
 from functools import partial
 
 import jax
@@ -58,6 +59,8 @@ from jaxwm.models import ensemble, realnvp, termination
 from jaxwm.models.dynamics import Normalizer
 
 UNCERTAINTY = "uncertainty"  # MOPO's penalty
+# Above this coefficient the (unbounded) inverse density penalty gets a warning.
+INVERSE_COEF_WARN = 0.1
 ALGOS = ("mopo", "gormpo")
 
 
@@ -102,6 +105,12 @@ def validate(config) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    if shape == "inverse" and config.penalty_coef > INVERSE_COEF_WARN:
+        warnings.warn(
+            f"jaxwm: the inverse penalty e^(tau - logp) is unbounded; at penalty_coef "
+            f"{config.penalty_coef} far out-of-distribution samples swamp the reward (on "
+            f"pendulum_tiny 1.0 diverged, 0.01 learned). Try --config.penalty_coef=0.01.",
+            stacklevel=2)
 
 
 def ensemble_spec(config, obs_dim: int, action_dim: int) -> ensemble.EnsembleSpec:
