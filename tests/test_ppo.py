@@ -156,6 +156,7 @@ def test_one_and_four_devices_agree(run_script):
                        "ppo.update_epochs": 1, "env.max_episode_steps": 40,
                        "network.backbone": "mamba", "network.mamba.dim": 32,
                        "network.hidden": (16, 32)}),
+    ("cartpole_masked_tuned", {"network.backbone": "lstm", "ppo.update_epochs": 2}),
     ("lunarlander_masked", {"env.num_envs": 2, "ppo.num_steps": 16, "ppo.num_minibatches": 2,
                             "ppo.update_epochs": 1, "env.max_episode_steps": 50,
                             "network.backbone": "mamba2", "network.mamba2.dim": 64,
@@ -233,6 +234,20 @@ def test_cli_trains_then_resumes_from_the_saved_step(tmp_path):
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints")), key=int)[-1] == "8"
     for result in (again, longer, pinned):
         assert "Traceback" not in result.stderr
+
+
+def test_how_often_evaluation_runs_leaves_training_unchanged(tmp_path):
+    losses = {}
+    for every in ("never", "512 env_steps"):
+        config = ppo_config(total_env_steps=1536, **{"log.every": "512 env_steps",
+                                                     "eval.every": every, "eval.at_end": False,
+                                                     "eval.num_episodes": 1})
+        workdir = str(tmp_path / every.split()[0])
+        train.run(config, workdir)
+        rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+        losses[every] = [(r["losses/policy_loss"], r["losses/value_loss"]) for r in rows]
+        assert ("eval/episodic_return" in rows[0]) == (every != "never")
+    assert losses["never"] == losses["512 env_steps"]
 
 
 def test_eval_video_is_written_and_refused_where_envpool_cannot_render(tmp_path):

@@ -203,4 +203,5 @@ def test_pendulum_reaches_minus_250_within_20k_steps(tmp_path):
 def test_halfcheetah_reaches_3000_within_300k_steps(tmp_path):
     summary = train.run(sac_config("mujoco", **{"total_env_steps": 300_000,
                                                 "checkpoint.every": "never"}), str(tmp_path))
+    print(f"HalfCheetah: final eval {summary['eval/episodic_return']:.1f}")
     assert summary["eval/episodic_return"] >= 3000, summary

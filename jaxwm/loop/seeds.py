@@ -71,6 +71,13 @@ def env_step_over_seeds(env_step, num_seeds: int):
     return step
 
 
+def fold_in(key: jax.Array, data: int) -> jax.Array:
+    """``jax.random.fold_in(key, data)``, per seed where ``key`` has a seed axis."""
+    if key.ndim == 1:
+        return jax.random.fold_in(key, data)
+    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, data)
+
+
 def split_pool(tree, num_seeds: int):
     """Leaves [N * E, ...] (the pool's order) -> [N, E, ...]."""
     return jax.tree.map(lambda x: x.reshape((num_seeds, -1) + x.shape[1:]), tree)

@@ -53,6 +53,8 @@ from jaxwm.loop.metrics import (
 )
 from jaxwm.loop.phases import Clock, Scheduler, check_phases, phases_from_config
 
+EVAL_STREAM = 0x6576616C  # "eval": folded into the current key for the evaluator's key
+
 
 class _StopRequested:
     """Turns SIGINT/SIGTERM into a flag checked after every hook call (then save and exit)."""
@@ -302,8 +304,9 @@ class Trainer:
                         continue
                     if self.evaluator is not None and stop.signal is None and (
                             due("eval") or (sched.finished and self.config.eval.at_end)):
-                        key, eval_key = seeds.split(key)
-                        evaluate(state, eval_key)
+                        # A side stream: how often evaluation runs leaves the training keys,
+                        # and so the training run, unchanged.
+                        evaluate(state, seeds.fold_in(key, EVAL_STREAM))
                     if due("log") or phase_over:
                         log()
                     if due("checkpoint"):
