@@ -64,9 +64,15 @@ TUNED_PPO = dict(num_steps=32, num_minibatches=1, update_epochs=10, learning_rat
                  gamma=0.98, gae_lambda=0.8, ent_coef=0.0, clip_coef=0.2)
 SMALL_MEMORY = dict(width=128, trxl=dict(dim=128, layers=1, heads=2, memory=32), state=16,
                     headdim=32)
-MASKED = {"cartpole_masked": ("CartPole-v1", (1, 3)),  # cart and pole velocities
-          "cartpole_masked_tuned": ("CartPole-v1", (1, 3)),
-          "lunarlander_masked": ("LunarLander-v2", (2, 3, 5))}  # linear and angular velocities
+BENCHNETRL_PPO = dict(clip_coef=0.1)
+# variant -> (env id, zeroed observation indices, env steps, PPO overrides, memory sizes); the
+# zeroed entries are CartPole's cart and pole velocities, LunarLander's linear and angular ones.
+MASKED = {
+    "cartpole_masked": ("CartPole-v1", (1, 3), 500_000, BENCHNETRL_PPO, CLASSIC_MEMORY),
+    "cartpole_masked_tuned": ("CartPole-v1", (1, 3), 200_000, TUNED_PPO, SMALL_MEMORY),
+    "lunarlander_masked": ("LunarLander-v2", (2, 3, 5), 5_000_000, BENCHNETRL_PPO,
+                           CLASSIC_MEMORY),
+}
 
 
 def ppo_block(**overrides) -> ml_collections.ConfigDict:
@@ -176,15 +182,10 @@ def get_config(variant: str = "cartpole") -> ml_collections.ConfigDict:
         c.eval.num_episodes = 5
         c.eval.temperature = 0.0
     elif variant in MASKED:
-        c.env.id, c.env.masked_indices = MASKED[variant]
+        c.env.id, c.env.masked_indices, c.total_env_steps, ppo, sizes = MASKED[variant]
         c.env.num_envs = 8
-        c.total_env_steps = 500_000 if variant == "cartpole_masked" else 5_000_000
-        c.ppo = ppo_block(clip_coef=0.1)
-        c.network = network_block(**memory_sizes(**CLASSIC_MEMORY))
-        if variant == "cartpole_masked_tuned":
-            c.total_env_steps = 200_000
-            c.ppo = ppo_block(**TUNED_PPO)
-            c.network = network_block(**memory_sizes(**SMALL_MEMORY))
+        c.ppo = ppo_block(**ppo)
+        c.network = network_block(**memory_sizes(**sizes))
         c.log.every = "16384 env_steps"
         c.eval.every = "50000 env_steps"
     elif variant == "minigrid":
