@@ -13,6 +13,7 @@ REGISTRY = {
     "sac": "jaxwm.algos.sac",
     "mopo": "jaxwm.algos.mopo",
     "gormpo": "jaxwm.algos.mopo",  # MOPO with GORMPO's density penalty
+    "dreamer": "jaxwm.algos.dreamer",
 }
 
 

@@ -4,6 +4,12 @@
 batch circularly, skipping entries whose ``mask`` is False (envpool's reset transitions) by
 compacting the kept ones with a cumulative sum, so shapes stay static under ``jit``;
 ``sample`` draws uniformly among filled slots.
+
+Sequences (DreamerV3): a slot holds one step of every env (leaves ``[capacity, num_envs,
+...]``, added without a mask, so time stays contiguous per env); ``sample_sequences`` draws
+``length`` consecutive steps of one env, uniformly over every (start, env) pair whose window
+lies inside the filled slots, oldest data first in ring order. Episode boundaries inside a
+window are marked by the data's own ``is_first`` flags, not avoided.
 """
 
 from __future__ import annotations
@@ -51,3 +57,16 @@ def sample(state: ReplayState, key: jax.Array, batch_size: int) -> Any:
     """Uniform over filled slots (the caller makes sure ``size > 0``)."""
     idx = jax.random.randint(key, (batch_size,), 0, jnp.maximum(state.size, 1))
     return jax.tree.map(lambda buf: buf[idx], state.data)
+
+
+def sample_sequences(state: ReplayState, key: jax.Array, batch_size: int, length: int) -> Any:
+    """[batch_size, length, ...] windows of consecutive steps of single envs (the caller makes
+    sure ``size >= length``)."""
+    k_start, k_env = jax.random.split(key)
+    num_envs = jax.tree.leaves(state.data)[0].shape[1]
+    starts = jax.random.randint(k_start, (batch_size,), 0,
+                                jnp.maximum(state.size - length + 1, 1))
+    envs = jax.random.randint(k_env, (batch_size,), 0, num_envs)
+    oldest = (state.insert - state.size) % state.capacity
+    slots = (oldest + starts[:, None] + jnp.arange(length)) % state.capacity  # [B, L]
+    return jax.tree.map(lambda buf: buf[slots, envs[:, None]], state.data)

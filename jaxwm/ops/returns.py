@@ -1,4 +1,4 @@
-"""Return estimators: generalised advantage estimation (GAE) as a reverse ``lax.scan``.
+"""Return estimators as reverse ``lax.scan``s: GAE for env rollouts, lambda-returns for imagination.
 
 Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage
 Estimation", eq. 16:  A_t = sum_l (gamma * lambda)^l * delta_{t+l},
@@ -10,6 +10,8 @@ the value of the true final observation, which envpool's auto-reset convention h
 (see ``jaxwm.envs.types``). Both cut the recursion so that advantages never flow across an
 episode boundary. CleanRL instead treats truncation as termination; this is the deliberate
 difference.
+
+``lambda_return`` is DreamerV3's critic target over an imagined trajectory (see its docstring).
 
 Inputs are unbatched over environments (time axis only); callers ``vmap`` over envs.
 """
@@ -60,3 +62,61 @@ def gae(
         step, jnp.zeros((), deltas.dtype), (deltas, continues), reverse=True
     )
     return advantages, advantages + values
+
+
+def lambda_return(
+    rewards: chex.Array,
+    values: chex.Array,
+    continues: chex.Array,
+    bootstrap: chex.Array,
+    gamma: float,
+    lambda_: float,
+) -> chex.Array:
+    """Lambda-returns of ONE imagined trajectory of H steps (DreamerV3, Hafner et al. 2023, eq. 7).
+
+        R_t = rewards[t] + gamma * continues[t] * ((1 - lambda) * values[t] + lambda * R_{t+1}),
+        R_H = bootstrap,
+
+    computed for t = H-1 .. 0: the paper's r_t + gamma c_t ((1 - lambda) v_t + lambda R_{t+1}),
+    as the official ``lambda_return`` of danijar/dreamerv3. With lambda = 1 this is the
+    discounted Monte-Carlo return plus the discounted bootstrap; with lambda = 0 it is the
+    one-step TD target rewards[t] + gamma * continues[t] * values[t].
+
+    Alignment: the arguments are ALREADY shifted by one step: index t holds the reward, continue
+    flag and value of the state REACHED by step t, and R_t is the target for the state the step
+    starts from. Worked example, H = 2: imagination starts in s_0 and reaches s_1, s_2; the
+    model predicts r_i, c_i and the critic v_i at each s_i (i = 1, 2). Then call
+
+        lambda_return(rewards=[r_1, r_2], values=[v_1, v_2], continues=[c_1, c_2],
+                      bootstrap=v_2, gamma, lambda_)  ->  [R(s_0), R(s_1)]
+
+    with R(s_1) = r_2 + gamma c_2 v_2 and
+    R(s_0) = r_1 + gamma c_1 ((1 - lambda) v_1 + lambda R(s_1)). That is, for per-state arrays
+    r, c, v of length H + 1 over s_0..s_H: ``lambda_return(r[1:], v[1:], c[1:], v[-1], ...)``,
+    which targets the critic at s_0..s_{H-1}. A zero continue (the model predicts the episode
+    ended on reaching s_{t+1}) cuts both the bootstrap and the recursion.
+
+    Args:
+      rewards: [H] r_{t+1}, the reward predicted at the state reached by step t.
+      values: [H] v_{t+1}, the critic's value of that state.
+      continues: [H] c_{t+1} in [0, 1] (bool or float), the predicted continue flag there.
+      bootstrap: [] v_H, the value of the last state (R_H).
+      gamma: discount.
+      lambda_: lambda-return mixing weight.
+
+    Returns:
+      [H] the lambda-returns R_0 .. R_{H-1}.
+    """
+    chex.assert_rank([rewards, values, continues], 1)
+    chex.assert_equal_shape([rewards, values, continues])
+    continues = continues.astype(rewards.dtype)
+    bootstrap = jnp.asarray(bootstrap, rewards.dtype)
+    chex.assert_rank(bootstrap, 0)
+
+    def step(next_return, xs):
+        reward, value, cont = xs
+        ret = reward + gamma * cont * ((1.0 - lambda_) * value + lambda_ * next_return)
+        return ret, ret
+
+    _, returns = jax.lax.scan(step, bootstrap, (rewards, values, continues), reverse=True)
+    return returns

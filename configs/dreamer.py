@@ -1,0 +1,128 @@
+"""DreamerV3 (jaxwm/algos/dreamer.py). Launch:
+
+python -m jaxwm.train --config=configs/dreamer.py:debug          # a minute on a CPU
+python -m jaxwm.train --config=configs/dreamer.py:cartpole       # size1m, vector CartPole
+python -m jaxwm.train --config=configs/dreamer.py:atari100k --config.env.id=Pong-v5
+python -m jaxwm.train --config=configs/dreamer.py:dmc_proprio --config.env.id=WalkerWalk-v1
+
+Values follow the official danijar/dreamerv3 ``configs.yaml`` (checked against it): batch
+16 x 64, lr 4e-5, AGC 0.3, warm-up 1000, imagination 15, horizon 333 (gamma 1 - 1/333),
+lambda 0.95, actor entropy 3e-4, slow critic 0.02 / regulariser 1.0, return percentiles
+5-95 with rate 0.01. ``atari100k``: 110k steps, 1 env, train_ratio 256, 64x64 RGB, action
+repeat 4, no sticky actions, 30 no-ops, lives unused, rewards unclipped, the minimal action
+set. ``dmc_proprio``: size1m, 16 envs, train_ratio 1024, 1.1M steps, no action repeat.
+``crafter``: 1 env, train_ratio 512, 1.1M steps. Model size: ``--config.dreamer.model_size``
+(1m, 12m, 25m, 50m, 100m, 200m, 400m; the official default is 200m).
+
+Differences, on purpose: ``prefill`` steps of random actions before the first update (the
+official agent acts with its untrained actor from the start and trains as soon as a batch
+exists; prefill = batch_length is the nearest); sequences start from a zero model state
+(the official ``replay_context: 1`` replays a stored one); no replayed-value loss (``repval``).
+
+The train phase's hooks are derived from ``train_ratio`` (``collect:M, update_model:K``;
+``jaxwm.algos.dreamer.resolve_phases``) unless set.
+"""
+
+import ml_collections
+
+from jaxwm.config import base_config
+
+VARIANTS = ("debug", "cartpole", "atari100k", "dmc_proprio", "dmc_vision", "crafter")
+
+
+def dreamer_block(**overrides) -> ml_collections.ConfigDict:
+    d = ml_collections.ConfigDict()
+    d.model_size = "12m"
+    d.size_overrides = ml_collections.ConfigDict()  # e.g. {"deter": 64}: debug sizes
+    d.batch_size = 16
+    d.batch_length = 64
+    d.train_ratio = 32.0
+    d.steps_per_collect = 1  # per env
+    d.prefill = 64  # steps per env of random actions before the first update
+    d.capacity = 1_000_000  # steps per env
+    d.learning_rate = 4e-5
+    d.agc = 0.3
+    d.warmup = 1000
+    d.horizon = 15
+    d.gamma = 1.0 - 1.0 / 333
+    d.lambda_ = 0.95
+    d.entropy = 3e-4
+    d.unimix = 0.01
+    d.min_std = 0.1
+    d.max_std = 1.0
+    d.slow_rate = 0.02
+    d.slow_reg = 1.0
+    d.return_rate = 0.01
+    d.return_limit = 1.0
+    d.num_bins = 255
+    d.update(overrides)
+    return d
+
+
+def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
+    if variant not in VARIANTS:
+        raise ValueError(f"Unknown dreamer variant {variant!r}; choose one of {VARIANTS}.")
+    c = base_config()
+    c.algo = "dreamer"
+    c.env.num_envs = 1
+    c.eval.num_envs = 4
+    c.eval.num_episodes = 8
+    c.log.every = "1000 env_steps, 100 model_updates"
+    c.checkpoint.every = "10000 env_steps"
+    c.eval.every = "10000 env_steps"
+
+    if variant == "debug":  # every code path, tiny sizes (the official ``debug`` block's spirit)
+        c.env.id = "CartPole-v1"
+        c.env.num_envs = 4
+        c.total_env_steps = 800
+        c.dreamer = dreamer_block(
+            model_size="1m", batch_size=8, batch_length=10, train_ratio=8.0, prefill=20,
+            capacity=10_000, num_bins=5, warmup=10,
+            size_overrides=dict(deter=16, hidden=8, classes=4, units=16, depth=2))
+        c.log.every = "200 env_steps"
+        c.checkpoint.every = "400 env_steps"
+        c.eval.every = "never"
+        c.eval.num_envs = 2
+        c.eval.num_episodes = 2
+    elif variant == "cartpole":  # the learning test: size1m on vector observations
+        c.env.id = "CartPole-v1"
+        c.env.num_envs = 4
+        c.total_env_steps = 50_000
+        c.dreamer = dreamer_block(model_size="1m", train_ratio=64.0, capacity=20_000,
+                                  steps_per_collect=4)
+    elif variant == "atari100k":
+        c.env.id = "Pong-v5"
+        c.env.update(img_height=64, img_width=64, gray_scale=False, frame_stack=1,
+                     frame_skip=4, noop_max=30, repeat_action_probability=0.0,
+                     episodic_life=False, use_fire_reset=False, reward_clip=False,
+                     full_action_space=False)
+        c.total_env_steps = 110_000
+        c.dreamer = dreamer_block(train_ratio=256.0, capacity=110_000)
+        c.eval.every = "25000 env_steps"
+    elif variant == "dmc_proprio":
+        c.env.id = "WalkerWalk-v1"
+        c.env.num_envs = 16
+        c.total_env_steps = 1_100_000
+        c.dreamer = dreamer_block(model_size="1m", train_ratio=1024.0, capacity=70_000)
+        c.log.every = "10000 env_steps, 1000 model_updates"
+        c.checkpoint.every = "100000 env_steps"
+        c.eval.every = "100000 env_steps"
+    elif variant == "dmc_vision":
+        c.env.id = "WalkerWalk-v1"
+        c.env.num_envs = 16
+        c.env.pixels = True  # refused by validate: envpool does not render DMC here
+        c.total_env_steps = 1_100_000
+        c.dreamer = dreamer_block(train_ratio=256.0, capacity=70_000)
+    else:  # crafter
+        c.env.id = "crafter"
+        c.total_env_steps = 1_100_000
+        c.dreamer = dreamer_block(train_ratio=512.0, capacity=1_100_000)
+
+    c.phase_order = ("prefill", "train")
+    d = c.dreamer
+    c.phases.prefill = dict(unit="env_steps", duration=d.get_ref("prefill") * c.env.get_ref(
+        "num_envs"), hooks=("collect",))
+    c.phases.train = dict(unit="env_steps", duration=c.get_ref("total_env_steps")
+                          - d.get_ref("prefill") * c.env.get_ref("num_envs"), hooks=())
+    c.lock()
+    return c

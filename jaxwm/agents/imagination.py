@@ -1,0 +1,190 @@
+"""DreamerV3's actor-critic, learned purely from trajectories imagined by the world model
+(Hafner et al. 2023, sec. 2 "Critic learning" and "Actor learning"; the official
+danijar/dreamerv3 ``agent.py::imag_loss``).
+
+From every posterior state of a replayed batch (the starts, gradients stopped) the world
+model imagines H = 15 steps under the actor (``WorldModel.imagine``). Then:
+
+* rewards r_t and continue flags c_t come from the model's heads at the states reached
+  (the start's continue flag is the data's); the discount is gamma = 1 - 1/333;
+* lambda-returns R_t (eq. 7, ``ops.returns.lambda_return``, lambda 0.95) bootstrap from the
+  critic's value of the last state;
+* the critic is a two-hot distribution over 255 symlog bins (zero-initialised output layer),
+  trained toward sg(R_t) plus a regulariser toward the slow critic's prediction (an EMA of
+  its parameters, rate 0.02, regulariser scale 1.0);
+* returns are normalised by S = max(1, P95 - P5) of the batch's returns, an EMA with rate
+  0.01 (eq. 11, ``ops.normalize.PercentileScale``), so small returns are not amplified;
+* actor loss (eq. 11): discrete actions use REINFORCE, -sg((R_t - v_t) / S) log pi(a_t),
+  continuous ones backpropagate the normalised return through the imagined dynamics (the
+  paper's choice; the newest official release uses REINFORCE for both); both add
+  eta H[pi] with eta = 3e-4;
+* every step is weighted by the imagined probability of still being in the episode,
+  prod_{i<=t} gamma c_i / gamma (gradients stopped).
+
+The actor's categorical mixes in 1% uniform; continuous actions are a normal with
+mean tanh(mu) and std in [0.1, 1] (``bounded_normal``), in the env's [-1, 1] box.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxwm.models.rssm import dense_block, features, unimix_logits
+from jaxwm.nets.distributions import Categorical, DiagGaussian
+from jaxwm.ops import twohot
+from jaxwm.ops.returns import lambda_return
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorCriticHyper:
+    horizon: int = 15
+    gamma: float = 1.0 - 1.0 / 333
+    lambda_: float = 0.95
+    entropy: float = 3e-4
+    unimix: float = 0.01
+    min_std: float = 0.1
+    max_std: float = 1.0
+    slow_rate: float = 0.02
+    slow_reg: float = 1.0
+    return_rate: float = 0.01
+    return_limit: float = 1.0
+    num_bins: int = 255
+
+    @classmethod
+    def from_config(cls, c) -> ActorCriticHyper:
+        return cls(**{f.name: c[f.name] for f in dataclasses.fields(cls) if f.name in c})
+
+
+class Actor(nn.Module):
+    action_dim: int
+    discrete: bool
+    units: int
+    layers: int = 3
+    unimix: float = 0.01
+    min_std: float = 0.1
+    max_std: float = 1.0
+
+    @nn.compact
+    def __call__(self, feat):
+        x = dense_block(feat, self.units, self.layers, "mlp")
+        # Small outputs (official outscale 0.01): the initial policy is near uniform / mean 0.
+        init = nn.initializers.variance_scaling(0.01, "fan_in", "truncated_normal")
+        if self.discrete:
+            logits = nn.Dense(self.action_dim, kernel_init=init, name="out")(x)
+            return Categorical(unimix_logits(logits, self.unimix))
+        mean, std = jnp.split(nn.Dense(2 * self.action_dim, kernel_init=init, name="out")(x), 2,
+                              -1)
+        return bounded_normal(mean, std, self.min_std, self.max_std)
+
+
+def bounded_normal(mean, std, min_std: float, max_std: float) -> DiagGaussian:
+    """Normal(tanh(mean), (max - min) sigmoid(std + 2) + min) (official ``bounded_normal``)."""
+    std = (max_std - min_std) * jax.nn.sigmoid(std + 2.0) + min_std
+    return DiagGaussian(jnp.tanh(mean), jnp.log(std))
+
+
+class Critic(nn.Module):
+    units: int
+    layers: int = 3
+    num_bins: int = 255
+
+    @nn.compact
+    def __call__(self, feat):
+        x = dense_block(feat, self.units, self.layers, "mlp")
+        return nn.Dense(self.num_bins, kernel_init=nn.initializers.zeros, name="out")(x)
+
+
+def value(logits, bins):
+    """The critic's (or reward head's) prediction: symexp of the expected bin."""
+    return twohot.symexp(twohot.decode(logits, bins))
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorCritic:
+    actor: Actor
+    critic: Critic
+    hyper: ActorCriticHyper
+
+    def init(self, key, feat_dim: int):
+        """{actor, critic} parameters; the slow critic starts as a copy of the critic."""
+        k_actor, k_critic = jax.random.split(key)
+        feat = jnp.zeros((1, feat_dim))
+        return {"actor": self.actor.init(k_actor, feat), "critic": self.critic.init(k_critic, feat)}
+
+    def policy(self, actor_params, feat):
+        return self.actor.apply(actor_params, feat)
+
+    def model_action(self, world_model, actor_params):
+        """``policy(feat, key) -> model-input action`` for ``WorldModel.imagine``; samples
+        are reparameterised for continuous actions (gradients reach the actor)."""
+
+        def act(feat, key):
+            return world_model.action_input(self.policy(actor_params, feat).sample(key))
+
+        return act
+
+    def slow_update(self, slow_critic, critic):
+        """The slow critic's EMA step (official ``slowvalue``, rate 0.02 every update)."""
+        rate = self.hyper.slow_rate
+        return jax.tree.map(lambda s, c: (1 - rate) * s + rate * c, slow_critic, critic)
+
+    def loss(self, params, slow_critic, world_model, model_params, starts, start_cont, retnorm,
+             key):
+        """Actor and critic losses from imagined rollouts.
+
+        ``params``: {actor, critic}; ``slow_critic``: the critic's EMA (no gradient);
+        ``model_params``: the world model's (gradients stopped); ``starts``: model states
+        [N, ...] (stopped); ``start_cont``: [N] 1 - is_terminal of the starts; ``retnorm``:
+        a ``PercentileScale``. Returns (loss, (metrics, updated retnorm)).
+        """
+        h = self.hyper
+        sg = jax.lax.stop_gradient
+        bins = twohot.bins(h.num_bins)
+        model_params, starts = sg(model_params), sg(starts)
+        states, actions = world_model.imagine(
+            model_params, starts, self.model_action(world_model, params["actor"]), h.horizon,
+            key)
+        feat = features(states)  # [N, H + 1, F]
+        if world_model.net.discrete:  # REINFORCE: the trajectory itself carries no gradient
+            feat, actions = sg(feat), sg(actions)
+        reward_logits, cont_logit = world_model.heads(model_params, feat)
+        reward = value(reward_logits, bins)[:, 1:]
+        cont = jnp.concatenate([start_cont[:, None], jax.nn.sigmoid(cont_logit[:, 1:])], 1)
+        critic_logits = self.critic.apply(params["critic"], sg(feat))
+        # Values inside the returns see the trajectory (continuous actions: gradients reach
+        # the actor through them) but never train the critic.
+        values = value(self.critic.apply(sg(params["critic"]), feat), bins)  # [N, H + 1]
+        returns = jax.vmap(lambda r, v, c, b: lambda_return(r, v, c, b, h.gamma, h.lambda_))(
+            reward, values[:, 1:], cont[:, 1:], values[:, -1])  # [N, H]
+        # The probability of still being in the episode at step t (a stopped weight).
+        weight = sg(jnp.cumprod(h.gamma * cont, 1) / h.gamma)
+
+        retnorm = retnorm.update(returns, h.return_rate)
+        scale = retnorm.scale(h.return_limit)
+        advantage = (returns - sg(values[:, :-1])) / scale
+        dist = self.policy(params["actor"], sg(feat[:, :-1]))
+        if world_model.net.discrete:
+            action_index = jnp.argmax(actions, -1)
+            objective = dist.log_prob(action_index) * sg(advantage)
+        else:  # dynamics backpropagation; the baseline only shifts, so it is stopped
+            objective = (returns - sg(values[:, :-1])) / scale
+        entropy = dist.entropy()
+        actor_loss = jnp.mean(weight[:, :-1] * -(objective + h.entropy * entropy))
+
+        slow_values = value(self.critic.apply(sg(slow_critic), sg(feat)), bins)
+        target = twohot.symlog(sg(returns))
+        critic_loss = twohot.loss(critic_logits[:, :-1], target, bins)
+        critic_loss += h.slow_reg * twohot.loss(critic_logits[:, :-1],
+                                                twohot.symlog(sg(slow_values[:, :-1])), bins)
+        critic_loss = jnp.mean(weight[:, :-1] * critic_loss)
+        metrics = {
+            "agent/actor_loss": actor_loss, "agent/critic_loss": critic_loss,
+            "agent/entropy": jnp.mean(entropy), "agent/return_scale": scale,
+            "agent/imagined_return": jnp.mean(returns), "agent/value": jnp.mean(values),
+            "agent/imagined_reward": jnp.mean(reward), "agent/advantage": jnp.mean(advantage),
+        }
+        return actor_loss + critic_loss, (metrics, retnorm)

@@ -1,0 +1,362 @@
+"""DreamerV3's world model: encoder, recurrent state-space model (RSSM), decoder, reward and
+continue heads, and their loss (Hafner et al. 2023, "Mastering Diverse Domains through World
+Models", arXiv 2301.04104, sec. 2 "World model learning" and appendix; the official
+danijar/dreamerv3 ``rssm.py``).
+
+The model state is ``{"deter": h [B, D], "stoch": z [B, S, K]}``: a block GRU state h
+(``nets.backbones.recurrent.BlockGRU``) and S = 32 one-hot categorical latents of K classes.
+
+* sequence model   h_t = f(h_{t-1}, z_{t-1}, a_{t-1})
+* encoder          z_t ~ q(z | h_t, x_t)      (posterior; ``observe``)
+* dynamics         z_t ~ p(z | h_t)           (prior; ``imagine``)
+* predictors       x_t, r_t, c_t from features [h_t, z_t]
+
+Every categorical mixes 1% uniform into its probabilities ("unimix"), so each class keeps
+probability >= 0.01 / K and the KL stays bounded; samples pass straight-through gradients.
+Vector inputs and reconstruction targets are symlog-transformed (eq. 1); the reward head is
+a two-hot distribution over 255 symlog bins with a zero-initialised output layer (eq. 9, 10),
+the continue head a Bernoulli. The loss (eq. 3-5) is
+``pred + 1.0 * max(1, KL[sg(q) || p]) + 0.1 * max(1, KL[q || sg(p)])`` (free bits of 1 nat
+on each KL term separately, per step, before averaging).
+
+Functional API (``WorldModel``; the network is a Flax module, the scans are plain JAX over
+its ``apply``, time is axis 1): ``initial(batch)``, ``observe(params, carry, embed,
+prev_action, is_first, key)``, ``imagine(params, start, policy, horizon, key)``,
+``loss(params, batch, key)``.
+
+Deliberate differences from the official code: images use DreamerV2's VALID-padded 4x4
+stride-2 encoder and 5-5-6-6 transposed-convolution decoder (64x64 only), not DreamerV3's
+"same"-padded ones, so that the encoder's convolutions are ``nets.conv.Conv2D``; the model
+state at a sequence's start is zeros (as the 2023 release), not one replayed from earlier.
+Neither convolution stack runs inside a scan: frames are encoded and decoded all at once, so
+XLA:CPU's slow convolution-in-loop path (DESIGN.md, convention 3) does not arise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxwm.nets.backbones.recurrent import BlockGRU
+from jaxwm.nets.conv import Conv2D
+from jaxwm.ops import twohot
+
+# deter / hidden / classes / CNN depth / MLP units (paper, table of model sizes; official
+# configs.yaml ``size*``).
+SIZES = {
+    "1m": dict(deter=512, hidden=64, classes=4, depth=4, units=64),
+    "12m": dict(deter=2048, hidden=256, classes=16, depth=16, units=256),
+    "25m": dict(deter=3072, hidden=384, classes=24, depth=24, units=384),
+    "50m": dict(deter=4096, hidden=512, classes=32, depth=32, units=512),
+    "100m": dict(deter=6144, hidden=768, classes=48, depth=48, units=768),
+    "200m": dict(deter=8192, hidden=1024, classes=64, depth=64, units=1024),
+    "400m": dict(deter=12288, hidden=1536, classes=96, depth=96, units=1536),
+}
+IMAGE_SIZE = 64  # the convolution stacks map 64x64 <-> 2x2 (encoder) / 1x1 (decoder)
+
+
+def dense_block(x, units: int, layers: int, name: str):
+    """``layers`` x (Dense -> RMSNorm -> SiLU), DreamerV3's MLP layer."""
+    for i in range(layers):
+        x = nn.Dense(units, name=f"{name}_{i}")(x)
+        x = nn.silu(nn.RMSNorm(name=f"{name}_norm_{i}")(x))
+    return x
+
+
+def unimix_logits(logits, unimix: float):
+    """log((1 - u) softmax(logits) + u / K): every class keeps probability >= u / K."""
+    probs = jax.nn.softmax(logits, -1)
+    probs = (1.0 - unimix) * probs + unimix / logits.shape[-1]
+    return jnp.log(probs)
+
+
+def sample_onehot(key, logits):
+    """One-hot sample with straight-through gradients (Bengio et al. 2013)."""
+    probs = jax.nn.softmax(logits, -1)
+    sample = jax.nn.one_hot(jax.random.categorical(key, logits), logits.shape[-1])
+    return sample + probs - jax.lax.stop_gradient(probs)
+
+
+def categorical_kl(logits_p, logits_q):
+    """KL[p || q] of S independent categoricals [..., S, K], summed over the latents."""
+    log_p = jax.nn.log_softmax(logits_p, -1)
+    log_q = jax.nn.log_softmax(logits_q, -1)
+    return jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=(-2, -1))
+
+
+class Encoder(nn.Module):
+    """Vectors: symlog, then an MLP. Images [..., C, 64, 64] uint8: 4 stride-2 convolutions
+    of depth x (1, 2, 4, 8) with RMSNorm + SiLU, flattened."""
+
+    units: int
+    depth: int
+    layers: int = 3
+
+    @nn.compact
+    def __call__(self, obs):
+        if obs.ndim >= 3 and obs.dtype == jnp.uint8:
+            batch = obs.shape[:-3]
+            x = jnp.moveaxis(obs.reshape((-1,) + obs.shape[-3:]), -3, -1)
+            x = x.astype(jnp.float32) / 255.0 - 0.5
+            for i, mult in enumerate((1, 2, 4, 8)):
+                x = Conv2D(self.depth * mult, 4, 2, name=f"conv_{i}")(x)
+                x = nn.silu(nn.RMSNorm(name=f"conv_norm_{i}")(x))
+            return x.reshape(batch + (-1,))
+        return dense_block(twohot.symlog(obs), self.units, self.layers, "mlp")
+
+
+class Decoder(nn.Module):
+    """Features -> the observation's reconstruction: symlog(x) for vectors, pixels in
+    [-0.5, 0.5] for images (DreamerV2's transposed-convolution stack)."""
+
+    obs_shape: tuple[int, ...]
+    units: int
+    depth: int
+    layers: int = 3
+
+    @nn.compact
+    def __call__(self, feat):
+        if len(self.obs_shape) == 3:
+            channels = self.obs_shape[0]
+            batch = feat.shape[:-1]
+            x = nn.Dense(32 * self.depth, name="project")(feat)
+            x = x.reshape((-1, 1, 1, 32 * self.depth))
+            for i, (mult, kernel) in enumerate(((4, 5), (2, 5), (1, 6))):
+                x = nn.ConvTranspose(self.depth * mult, (kernel, kernel), (2, 2), "VALID",
+                                     name=f"deconv_{i}")(x)
+                x = nn.silu(nn.RMSNorm(name=f"deconv_norm_{i}")(x))
+            x = nn.ConvTranspose(channels, (6, 6), (2, 2), "VALID", name="deconv_out")(x)
+            return jnp.moveaxis(x, -1, -3).reshape(batch + tuple(self.obs_shape))
+        x = dense_block(feat, self.units, self.layers, "mlp")
+        return nn.Dense(self.obs_shape[0], name="out")(x)
+
+
+class WorldModelNet(nn.Module):
+    """Every parameter of the world model; the methods are single steps and heads."""
+
+    obs_shape: tuple[int, ...]
+    action_dim: int
+    discrete: bool
+    deter: int
+    hidden: int
+    classes: int
+    depth: int
+    units: int
+    stoch: int = 32
+    blocks: int = 8
+    unimix: float = 0.01
+    num_bins: int = 255
+
+    def setup(self):
+        self.encoder = Encoder(self.units, self.depth)
+        self.decoder = Decoder(tuple(self.obs_shape), self.units, self.depth)
+        self.core = BlockGRU(self.deter, self.blocks)
+        self.core_in = [nn.Dense(self.hidden, name=f"core_in_{n}") for n in ("h", "z", "a")]
+        self.core_in_norm = [nn.RMSNorm(name=f"core_in_norm_{n}") for n in ("h", "z", "a")]
+        self.prior_hidden = [nn.Dense(self.hidden, name=f"prior_{i}") for i in range(2)]
+        self.prior_norm = [nn.RMSNorm(name=f"prior_norm_{i}") for i in range(2)]
+        self.prior_out = nn.Dense(self.stoch * self.classes, name="prior_out")
+        self.post_hidden = nn.Dense(self.hidden, name="post_0")
+        self.post_norm = nn.RMSNorm(name="post_norm_0")
+        self.post_out = nn.Dense(self.stoch * self.classes, name="post_out")
+        self.reward_hidden = nn.Dense(self.units, name="reward_0")
+        self.reward_norm = nn.RMSNorm(name="reward_norm_0")
+        # Zero-initialised: predicted rewards start at exactly 0 (paper, "Critic learning").
+        self.reward_out = nn.Dense(self.num_bins, kernel_init=nn.initializers.zeros,
+                                   name="reward_out")
+        self.cont_hidden = nn.Dense(self.units, name="cont_0")
+        self.cont_norm = nn.RMSNorm(name="cont_norm_0")
+        self.cont_out = nn.Dense(1, name="cont_out")
+
+    def __call__(self, obs, action):
+        """Touches every parameter once (for ``init``)."""
+        batch = action.shape[0]
+        state = {"deter": jnp.zeros((batch, self.deter)),
+                 "stoch": jnp.zeros((batch, self.stoch, self.classes))}
+        deter = self.step(state, action)
+        feat = jnp.concatenate([deter, self.posterior(deter, self.encode(obs)).reshape(
+            (batch, -1))], -1)
+        return self.prior(deter), self.decode(feat), self.reward(feat), self.cont(feat)
+
+    def encode(self, obs):
+        return self.encoder(obs)
+
+    def decode(self, feat):
+        return self.decoder(feat)
+
+    def step(self, state, action):
+        """h_t = f(h_{t-1}, z_{t-1}, a_{t-1}) (official ``_core``). Continuous actions are
+        divided by max(1, |a|) (a stop-gradient scale), as there."""
+        if not self.discrete:
+            action = action / jax.lax.stop_gradient(jnp.maximum(1.0, jnp.abs(action)))
+        inputs = (state["deter"], state["stoch"].reshape(state["stoch"].shape[:-2] + (-1,)),
+                  action)
+        x = jnp.concatenate([nn.silu(norm(dense(v))) for v, dense, norm in
+                             zip(inputs, self.core_in, self.core_in_norm, strict=True)], -1)
+        return self.core(state["deter"], x)
+
+    def _logits(self, flat):
+        return unimix_logits(flat.reshape(flat.shape[:-1] + (self.stoch, self.classes)),
+                             self.unimix)
+
+    def prior(self, deter):
+        x = deter
+        for dense, norm in zip(self.prior_hidden, self.prior_norm, strict=True):
+            x = nn.silu(norm(dense(x)))
+        return self._logits(self.prior_out(x))
+
+    def posterior(self, deter, embed):
+        x = nn.silu(self.post_norm(self.post_hidden(jnp.concatenate([deter, embed], -1))))
+        return self._logits(self.post_out(x))
+
+    def reward(self, feat):
+        return self.reward_out(nn.silu(self.reward_norm(self.reward_hidden(feat))))
+
+    def cont(self, feat):
+        return self.cont_out(nn.silu(self.cont_norm(self.cont_hidden(feat))))[..., 0]
+
+
+def features(state) -> jax.Array:
+    """[h, flatten(z)], what every head and the actor-critic read."""
+    stoch = state["stoch"]
+    return jnp.concatenate([state["deter"], stoch.reshape(stoch.shape[:-2] + (-1,))], -1)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossScales:
+    """Paper eq. 3-5: beta_pred 1, beta_dyn 1 (official configs.yaml; the paper's text says
+    0.5), beta_rep 0.1, free bits of 1 nat on each KL term."""
+
+    dyn: float = 1.0
+    rep: float = 0.1
+    pred: float = 1.0
+    free_bits: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldModel:
+    net: WorldModelNet
+    scales: LossScales = LossScales()
+
+    def init(self, key, example_obs):
+        """Parameters from an example observation batch [B, *obs_shape]."""
+        action = jnp.zeros((example_obs.shape[0], self.net.action_dim))
+        return self.net.init(key, example_obs, action)
+
+    def initial(self, batch: int):
+        return {"deter": jnp.zeros((batch, self.net.deter)),
+                "stoch": jnp.zeros((batch, self.net.stoch, self.net.classes))}
+
+    def action_input(self, action):
+        """Actions as the model reads them: one-hot for discrete action spaces."""
+        if self.net.discrete:
+            return jax.nn.one_hot(action, self.net.action_dim)
+        return action.astype(jnp.float32)
+
+    def obs_step(self, params, state, prev_action, embed, is_first, key):
+        """One posterior step: resets state and previous action where ``is_first`` [B], then
+        h_t = f(h, z, a), z_t ~ q(z | h_t, e_t). Returns (state, (post, prior) logits)."""
+        keep = (~is_first).astype(jnp.float32)
+        state = jax.tree.map(lambda x: x * keep.reshape((-1,) + (1,) * (x.ndim - 1)), state)
+        prev_action = prev_action * keep[:, None]
+        deter = self.net.apply(params, state, prev_action, method=WorldModelNet.step)
+        prior = self.net.apply(params, deter, method=WorldModelNet.prior)
+        post = self.net.apply(params, deter, embed, method=WorldModelNet.posterior)
+        return {"deter": deter, "stoch": sample_onehot(key, post)}, (post, prior)
+
+    def img_step(self, params, state, action, key):
+        """One prior step: h_t = f(h, z, a), z_t ~ p(z | h_t)."""
+        deter = self.net.apply(params, state, action, method=WorldModelNet.step)
+        prior = self.net.apply(params, deter, method=WorldModelNet.prior)
+        return {"deter": deter, "stoch": sample_onehot(key, prior)}
+
+    def observe(self, params, state, embed, prev_action, is_first, key):
+        """Posterior states over a sequence: embed [B, T, E], prev_action [B, T, A] (model
+        input form), is_first [B, T]. Returns (last state, states [B, T, ...], post logits,
+        prior logits [B, T, S, K])."""
+        time_major = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731
+
+        def step(state, inputs):
+            action, e, first, k = inputs
+            state, (post, prior) = self.obs_step(params, state, action, e, first, k)
+            return state, (state, post, prior)
+
+        keys = jax.random.split(key, embed.shape[1])
+        last, outs = jax.lax.scan(step, state, (time_major(prev_action), time_major(embed),
+                                                time_major(is_first), keys))
+        return (last, *jax.tree.map(time_major, outs))
+
+    def imagine(self, params, start, policy: Callable, horizon: int, key):
+        """Rolls the prior forward ``horizon`` steps from ``start`` [N, ...] under
+        ``policy(features [N, F], key) -> model-input action [N, A]``. Returns states
+        [N, H + 1, ...] (the start first) and the actions taken [N, H] in model-input form."""
+
+        def step(state, k):
+            k_act, k_img = jax.random.split(k)
+            action = policy(features(state), k_act)
+            return self.img_step(params, state, action, k_img), (state, action)
+
+        last, (states, actions) = jax.lax.scan(step, start, jax.random.split(key, horizon))
+        states = jax.tree.map(lambda seq, x: jnp.concatenate([seq, x[None]], 0), states, last)
+        return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), (states, actions))
+
+    def heads(self, params, feat):
+        """(reward logits [..., bins], continue logit [...])."""
+        return (self.net.apply(params, feat, method=WorldModelNet.reward),
+                self.net.apply(params, feat, method=WorldModelNet.cont))
+
+    def kl_terms(self, post, prior):
+        """(dyn, rep) losses per step, each with free bits (paper eq. 5): the dynamics term
+        trains the prior toward a fixed posterior, the representation term the posterior
+        toward a fixed prior; below ``free_bits`` nats each is constant (zero gradient)."""
+        sg = jax.lax.stop_gradient
+        free = self.scales.free_bits
+        dyn = jnp.maximum(free, categorical_kl(sg(post), prior))
+        rep = jnp.maximum(free, categorical_kl(post, sg(prior)))
+        return dyn, rep
+
+    def loss(self, params, batch, key):
+        """Paper eq. 3 on a replayed batch ``{obs, action, reward, is_first, is_terminal}``,
+        each [B, T, ...] with ``action[t]`` the action taken at ``obs[t]``. Returns (loss,
+        (metrics, posterior states [B, T, ...]))."""
+        embed = self.net.apply(params, batch["obs"], method=WorldModelNet.encode)
+        action = self.action_input(batch["action"])
+        prev_action = jnp.concatenate([jnp.zeros_like(action[:, :1]), action[:, :-1]], 1)
+        _, states, post, prior = self.observe(params, self.initial(embed.shape[0]), embed,
+                                              prev_action, batch["is_first"], key)
+        feat = features(states)
+        recon = self.net.apply(params, feat, method=WorldModelNet.decode)
+        if batch["obs"].dtype == jnp.uint8:
+            target = batch["obs"].astype(jnp.float32) / 255.0 - 0.5
+        else:
+            target = twohot.symlog(batch["obs"])
+        recon_axes = tuple(range(2, recon.ndim))
+        decoder = jnp.sum((recon - target) ** 2, axis=recon_axes)
+        reward_logits, cont_logit = self.heads(params, feat)
+        bins = twohot.bins(self.net.num_bins)
+        reward = twohot.loss(reward_logits, twohot.symlog(batch["reward"]), bins)
+        cont_target = 1.0 - batch["is_terminal"].astype(jnp.float32)
+        cont = -(cont_target * jax.nn.log_sigmoid(cont_logit)
+                 + (1.0 - cont_target) * jax.nn.log_sigmoid(-cont_logit))
+        dyn, rep = self.kl_terms(post, prior)
+        s = self.scales
+        total = s.pred * (decoder + reward + cont) + s.dyn * dyn + s.rep * rep
+        metrics = {
+            "model/loss": jnp.mean(total), "model/decoder": jnp.mean(decoder),
+            "model/reward": jnp.mean(reward), "model/continue": jnp.mean(cont),
+            "model/dyn": jnp.mean(dyn), "model/rep": jnp.mean(rep),
+            "model/kl": jnp.mean(categorical_kl(post, prior)),
+            "model/prior_entropy": jnp.mean(-jnp.sum(jnp.exp(prior) * prior, (-2, -1))),
+            "model/post_entropy": jnp.mean(-jnp.sum(jnp.exp(post) * post, (-2, -1))),
+        }
+        return jnp.mean(total), (metrics, states)
+
+
+def make(obs_shape, action_dim: int, discrete: bool, size: str, **overrides) -> WorldModel:
+    """The world model of ``size`` (a key of ``SIZES``), sizes overridable by keyword."""
+    return WorldModel(WorldModelNet(tuple(obs_shape), action_dim, discrete,
+                                    **{**SIZES[size], **overrides}))

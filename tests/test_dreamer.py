@@ -1,0 +1,122 @@
+"""DreamerV3 on the loop (configs/dreamer.py:debug, vector CartPole): train_ratio through the
+phases, the same seed giving the same run, resume continuing exactly, and bad input refused
+before anything compiles."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxwm.algos import dreamer
+from jaxwm.config import ConfigError, load
+from jaxwm.loop.trainer import Trainer
+from jaxwm.runner import validate
+
+STEPS = 400
+
+
+def debug_config(**overrides):
+    config = load("configs/dreamer.py:debug", {"total_env_steps": STEPS, "eval.at_end": False,
+                                               "log.progress": False, **overrides})
+    validate(config)
+    return config
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("dreamer"))
+    config = debug_config(**{"checkpoint.every": f"{STEPS} env_steps"})
+    trainer = Trainer(config, dreamer.build(config), workdir)
+    summary = trainer.run()
+    yield config, workdir, trainer, summary
+    trainer.algorithm.close()
+
+
+@pytest.mark.parametrize("ratio, envs, per_collect, batch, length, expected", [
+    (256.0, 1, 1, 16, 64, ("collect:4", "update_model:1")),  # atari100k
+    (1024.0, 16, 1, 16, 64, ("collect:1", "update_model:16")),  # dmc_proprio
+    (8.0, 4, 1, 8, 10, ("collect:5", "update_model:2")),  # debug: 0.4 updates per collect
+])
+def test_train_ratio_becomes_the_phase_hooks(ratio, envs, per_collect, batch, length, expected):
+    config = load("configs/dreamer.py:debug", {
+        "dreamer.train_ratio": ratio, "env.num_envs": envs, "dreamer.steps_per_collect":
+        per_collect, "dreamer.batch_size": batch, "dreamer.batch_length": length})
+    dreamer.resolve_phases(config)
+    assert tuple(config.phases.train.hooks) == expected
+
+
+def test_a_train_ratio_the_hooks_cannot_meet_is_refused():
+    config = load("configs/dreamer.py:debug", {"dreamer.train_ratio": 0.001})
+    with pytest.raises(ConfigError, match="train_ratio"):
+        validate(config)
+    config = load("configs/dreamer.py:debug", {"phases.train.hooks": ("collect:1",
+                                                                      "update_model:1")})
+    with pytest.raises(ConfigError, match="nearest: collect:5, update_model:2"):
+        validate(config)
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"dreamer.model_size": "3m"}, "does not exist"),
+    ({"env.pixels": True}, "dm_control"),
+    ({"env.id": "crafter"}, "pip install crafter"),
+    ({"dreamer.prefill": 5}, "prefill"),
+])
+def test_bad_input_is_refused_before_compiling(override, message):
+    config = load("configs/dreamer.py:debug")
+    config.env.pixels = False  # a key only dmc_vision sets
+    config.update_from_flattened_dict(override)
+    with pytest.raises(ConfigError, match=message):
+        validate(config)
+
+
+def test_an_image_size_the_encoder_cannot_take_is_refused():
+    config = load("configs/dreamer.py:debug", {"env.id": "Pong-v5"})
+    config.env.update(dict(img_height=84, img_width=84, gray_scale=False, frame_stack=1))
+    with pytest.raises(ConfigError, match="64x64"):
+        dreamer.build(config)
+
+
+def test_updates_per_env_step_follow_train_ratio(first_run):
+    config, _, trainer, summary = first_run
+    prefill = config.dreamer.prefill * config.env.num_envs
+    assert summary["counters"]["env_steps"] == STEPS
+    # debug: collect:5, update_model:2 per 5 x 4 env steps after the prefill.
+    assert summary["counters"]["model_updates"] == (STEPS - prefill) // 20 * 2
+    assert int(trainer.state.updates) == summary["counters"]["model_updates"]
+    np.testing.assert_allclose(summary["replay/train_ratio"], config.dreamer.train_ratio,
+                               rtol=0.05)
+    assert np.isfinite(summary["model/loss"]) and np.isfinite(summary["agent/critic_loss"])
+
+
+def test_the_same_seed_gives_the_same_run(first_run, tmp_path):
+    config, _, trainer, _ = first_run
+    again = Trainer(config, dreamer.build(config), str(tmp_path))
+    try:
+        again.run()
+        jax.tree.map(np.testing.assert_array_equal, again.state.params, trainer.state.params)
+        jax.tree.map(np.testing.assert_array_equal, again.state.replay.data,
+                     trainer.state.replay.data)
+    finally:
+        again.algorithm.close()
+
+
+def test_resume_gives_the_identical_next_update(first_run):
+    config, workdir, trainer, _ = first_run
+    config = config.copy_and_resolve_references()
+    config.resume = True
+    second = Trainer(config, dreamer.build(config), workdir)
+    try:
+        restored, _, resumed = second._restore_or_init()
+        assert resumed
+        saved = trainer.state
+        for part in ("params", "slow_critic", "opt_state", "retnorm", "replay", "updates"):
+            jax.tree.map(np.testing.assert_array_equal, getattr(restored, part),
+                         getattr(saved, part))
+        update = second.algorithm.hooks["update_model"].fn
+        copy = saved.replace(**{part: jax.tree.map(jnp.copy, getattr(saved, part)) for part in
+                                ("params", "slow_critic", "opt_state", "retnorm", "replay")})
+        after_a, _, _ = update(copy, {}, jax.random.key(5))
+        after_b, _, _ = update(restored, {}, jax.random.key(5))
+        jax.tree.map(np.testing.assert_array_equal, after_a.params, after_b.params)
+    finally:
+        second.algorithm.close()
