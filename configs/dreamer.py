@@ -55,6 +55,13 @@ def dreamer_block(**overrides) -> ml_collections.ConfigDict:
     d.return_rate = 0.01
     d.return_limit = 1.0
     d.num_bins = 255
+    # Open-loop predictions every report_every updates (0: never): report_context observed
+    # steps, then the model alone (official report_length 32; 5 context frames as the paper's
+    # video predictions), as a GIF for image observations and an MSE for all.
+    d.report_every = 500
+    d.report_batch = 6
+    d.report_length = 32
+    d.report_context = 5
     d.update(overrides)
     return d
 
@@ -77,7 +84,8 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
         c.total_env_steps = 800
         c.dreamer = dreamer_block(
             model_size="1m", batch_size=8, batch_length=10, train_ratio=8.0, prefill=20,
-            capacity=10_000, num_bins=5, warmup=10,
+            capacity=10_000, num_bins=5, warmup=10, report_every=20, report_batch=2,
+            report_length=10,
             size_overrides=dict(deter=16, hidden=8, classes=4, units=16, depth=2))
         c.log.every = "200 env_steps"
         c.checkpoint.every = "400 env_steps"

@@ -162,3 +162,30 @@ def test_world_model_loss_falls_on_a_fixed_batch():
         params, opt_state, loss = step(params, opt_state)
         losses.append(float(loss))
     assert np.isfinite(losses).all() and losses[-1] < 0.9 * losses[0], losses
+
+
+def test_open_loop_predictions_make_a_side_by_side_video():
+    model = tiny_model(obs_shape=(3, 64, 64), action_dim=2)
+    obs = jax.random.randint(jax.random.key(16), (2, 6, 3, 64, 64), 0, 255).astype(jnp.uint8)
+    batch = {"obs": obs, "action": jnp.zeros((2, 6), jnp.int32),
+             "is_first": jnp.zeros((2, 6), bool).at[:, 0].set(True)}
+    params = model.init(jax.random.key(17), obs[:, 0])
+    target, recon = rssm.open_loop(model, params, batch, 2, jax.random.key(18))
+    assert target.shape == recon.shape == (2, 6, 3, 64, 64)
+    np.testing.assert_allclose(target, obs / 255.0 - 0.5, atol=1e-6)
+    frames = rssm.video_frames(target[0], recon[0])
+    assert frames.shape == (6, 64, 3 * 64, 3) and frames.dtype == jnp.uint8
+    np.testing.assert_array_equal(frames[:, :, :64], np.moveaxis(np.asarray(obs[0]), 1, -1))
+
+
+def test_sequence_replay_returns_consecutive_steps_of_one_env():
+    from jaxwm.data import replay
+
+    state = replay.init(10, {"t": jnp.zeros(3, jnp.int32)})  # 3 envs, 10 slots
+    for step in range(13):  # wraps around: slots hold steps 3..12
+        state = replay.add(state, {"t": (100 * jnp.arange(3) + step)[None].astype(jnp.int32)})
+    windows = replay.sample_sequences(state, jax.random.key(19), 64, 4)["t"]
+    assert windows.shape == (64, 4)
+    env, step = windows // 100, windows % 100
+    assert (env == env[:, :1]).all() and (np.diff(step, axis=1) == 1).all()
+    assert step.min() >= 3 and step.max() <= 12

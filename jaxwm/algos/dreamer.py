@@ -40,6 +40,7 @@ from jaxwm.config import ConfigError
 from jaxwm.data import replay
 from jaxwm.envs import EpisodeStats, episode_metrics, make_env
 from jaxwm.loop.algorithm import Algorithm, Hook, Policy
+from jaxwm.loop.metrics import Video
 from jaxwm.models import rssm
 from jaxwm.nets.distributions import sample_at_temperature
 from jaxwm.ops.normalize import PercentileScale
@@ -143,6 +144,8 @@ def validate(config) -> None:
         (d.prefill >= d.batch_length, f"dreamer.prefill={d.prefill} must be >= batch_length "
                                       f"{d.batch_length}: the first update samples sequences."),
         (d.horizon > 0, "dreamer.horizon must be > 0."),
+        (0 < d.report_context < d.report_length <= d.prefill,
+         "dreamer.report_context must be in (0, report_length) and report_length <= prefill."),
     ]
     for ok, message in checks:
         if not ok:
@@ -303,9 +306,35 @@ def build(config) -> Algorithm:
         return state.replace(params=params, slow_critic=slow, opt_state=opt_state,
                              retnorm=retnorm, updates=state.updates + 1), metrics
 
+    @backend.jit
+    def _report(state: DreamerState, key):
+        """Open-loop predictions on replayed sequences: ``report_context`` observed steps,
+        then the model alone under the replayed actions."""
+        k_batch, k_model = jax.random.split(key)
+        batch = replay.sample_sequences(state.replay, k_batch, d.report_batch,
+                                        d.report_length)
+        target, recon = rssm.open_loop(world_model, state.params["model"], batch,
+                                       d.report_context, k_model)
+        axes = tuple(range(2, target.ndim))
+        error = jnp.mean(jnp.sum((recon - target) ** 2, axes), 0)  # [T]
+        metrics = {"report/observed_mse": jnp.mean(error[:d.report_context]),
+                   "report/openloop_mse": jnp.mean(error[d.report_context:])}
+        if spec.is_pixels:
+            metrics["report/openloop"] = Video(rssm.video_frames(target[0], recon[0]))
+        return metrics
+
+    updates_seen = {"count": None}  # host copy of state.updates: read once, then counted
+
     def train_hook(state, data, key):
         del data
         state, metrics = _train(state, key)
+        if d.report_every > 0:
+            if updates_seen["count"] is None:  # first call (or first after a resume)
+                updates_seen["count"] = int(state.updates)
+            else:
+                updates_seen["count"] += 1
+            if updates_seen["count"] % d.report_every == 0:
+                metrics = {**metrics, **_report(state, jax.random.fold_in(key, 1))}
         return state, {}, metrics
 
     @backend.jit

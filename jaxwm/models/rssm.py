@@ -356,6 +356,43 @@ class WorldModel:
         return jnp.mean(total), (metrics, states)
 
 
+def open_loop(model: WorldModel, params, batch, context: int, key):
+    """Open-loop predictions (the paper's video predictions): the posterior over the first
+    ``context`` steps of ``batch`` [B, T, ...], then the prior under the replayed actions for
+    the rest, every state decoded. Returns (target, reconstruction) [B, T, ...] in the
+    decoder's space (symlog vectors; pixels in [-0.5, 0.5])."""
+    k_obs, k_img = jax.random.split(key)
+    embed = model.net.apply(params, batch["obs"][:, :context], method=WorldModelNet.encode)
+    action = model.action_input(batch["action"])
+    prev_action = jnp.concatenate([jnp.zeros_like(action[:, :1]), action[:, :-1]], 1)
+    last, observed, _, _ = model.observe(params, model.initial(embed.shape[0]), embed,
+                                         prev_action[:, :context],
+                                         batch["is_first"][:, :context], k_obs)
+
+    def step(state, inputs):
+        state = model.img_step(params, state, *inputs)
+        return state, state
+
+    rest = jnp.swapaxes(prev_action[:, context:], 0, 1)
+    _, imagined = jax.lax.scan(step, last, (rest, jax.random.split(k_img, rest.shape[0])))
+    states = jax.tree.map(lambda a, b: jnp.concatenate([a, jnp.swapaxes(b, 0, 1)], 1),
+                          observed, imagined)
+    recon = model.net.apply(params, features(states), method=WorldModelNet.decode)
+    obs = batch["obs"]
+    target = obs.astype(jnp.float32) / 255.0 - 0.5 if obs.dtype == jnp.uint8 else \
+        twohot.symlog(obs)
+    return target, recon
+
+
+def video_frames(target, recon) -> jax.Array:
+    """[T, H, 3W, C] uint8 of one sequence ([T, C, H, W] each, in [-0.5, 0.5]): truth, model,
+    and their absolute difference side by side."""
+    to_image = lambda x: jnp.clip(jnp.moveaxis(x, -3, -1) + 0.5, 0.0, 1.0)  # noqa: E731
+    truth, model = to_image(target), to_image(recon)
+    frames = jnp.concatenate([truth, model, jnp.abs(truth - model)], axis=-2)
+    return jnp.round(frames * 255).astype(jnp.uint8)
+
+
 def make(obs_shape, action_dim: int, discrete: bool, size: str, **overrides) -> WorldModel:
     """The world model of ``size`` (a key of ``SIZES``), sizes overridable by keyword."""
     return WorldModel(WorldModelNet(tuple(obs_shape), action_dim, discrete,
