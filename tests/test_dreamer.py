@@ -2,6 +2,8 @@
 phases, the same seed giving the same run, resume continuing exactly, and bad input refused
 before anything compiles."""
 
+import textwrap
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,3 +122,36 @@ def test_resume_gives_the_identical_next_update(first_run):
         jax.tree.map(np.testing.assert_array_equal, after_a.params, after_b.params)
     finally:
         second.algorithm.close()
+
+
+MULTI_DEVICE_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, {root!r})
+    import jax, numpy as np
+    import jaxwm.config
+    from jaxwm.algos import dreamer
+    out = {{}}
+    for n in (1, 2):
+        c = jaxwm.config.load(os.path.join({root!r}, "configs/dreamer.py:debug"),
+                              {{"num_devices": n, "dreamer.report_every": 0}})
+        algo = dreamer.build(c)
+        state = algo.init(jax.random.PRNGKey(0))
+        for i in range(c.dreamer.prefill + 1):
+            state, _, _ = algo.hooks["collect"].fn(state, {{}}, jax.random.PRNGKey(10 + i))
+        for i in range(2):
+            state, _, m = algo.hooks["update_model"].fn(state, {{}}, jax.random.PRNGKey(50 + i))
+        out[n] = dict(params=[np.asarray(x).ravel().tolist()
+                              for x in jax.tree.leaves(state.params)],
+                      replay_devices=min(len(x.devices()) for x in jax.tree.leaves(state.replay)),
+                      loss=float(m["model/loss"]))
+        algo.close()
+    print(json.dumps(out))
+""")
+
+
+def test_one_and_two_devices_agree(run_script):
+    out = run_script(MULTI_DEVICE_SCRIPT, devices=2)
+    assert out["2"]["replay_devices"] == 2  # the replay is replicated, sequences are split
+    assert out["1"]["loss"] == pytest.approx(out["2"]["loss"], rel=1e-4)
+    for a, b in zip(out["1"]["params"], out["2"]["params"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxwm import backend
+from jaxwm import backend, parallel
 from jaxwm.agents import imagination, optim
 from jaxwm.config import ConfigError
 from jaxwm.data import replay
@@ -202,6 +202,14 @@ def build(config) -> Algorithm:
     else:
         low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
     env_handle = {"handle": None}
+    # Data parallel as online SAC: envpool's custom call runs on the mesh's first device, so
+    # acting runs there; parameters, optimiser and replay are replicated over the mesh, and
+    # each update's sequences are split over its ``data`` axis.
+    mesh = parallel.data_mesh(config.num_devices or None)
+    multi_device = mesh.size > 1
+    env_device = mesh.devices.flat[0]
+    replicate = (lambda tree: jax.device_put(tree, parallel.replicated(mesh))) if multi_device \
+        else (lambda tree: tree)
 
     def env_action(action):
         if spec.discrete:
@@ -211,10 +219,10 @@ def build(config) -> Algorithm:
     def fresh_actor():
         env_handle["handle"], first = env.xla_reset()
         n = first.obs.shape[0]
-        zeros = jnp.zeros(n)
-        return Cursor(first.obs, zeros, jnp.ones(n, bool), jnp.zeros(n, bool),
-                      jnp.zeros(n, bool), world_model.initial(n),
-                      jnp.zeros((n, action_dim)), EpisodeStats.create(n))
+        cursor = Cursor(first.obs, jnp.zeros(n), jnp.ones(n, bool), jnp.zeros(n, bool),
+                        jnp.zeros(n, bool), world_model.initial(n), jnp.zeros((n, action_dim)),
+                        EpisodeStats.create(n))
+        return jax.device_put(cursor, env_device) if multi_device else cursor
 
     def init(key):
         k_model, k_ac = jax.random.split(key)
@@ -228,9 +236,10 @@ def build(config) -> Algorithm:
                    "is_first": jnp.zeros(num_envs, bool),
                    "is_terminal": jnp.zeros(num_envs, bool)}
         slow_critic = jax.tree.map(jnp.copy, params["critic"])  # own buffers: donated apart
-        return DreamerState(params, slow_critic, optimizer.init(params),
-                            PercentileScale.create(), replay.init(d.capacity, example),
-                            jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), fresh_actor())
+        learner = (params, slow_critic, optimizer.init(params), PercentileScale.create(),
+                   replay.init(d.capacity, example), jnp.zeros((), jnp.int32),
+                   jnp.zeros((), jnp.int32))
+        return DreamerState(*replicate(learner), fresh_actor())
 
     def filter_and_act(params, model_state, prev_action, obs, is_first, key, temperature):
         """The posterior step on a new observation, then an action from the actor."""
@@ -246,16 +255,15 @@ def build(config) -> Algorithm:
             return jax.random.randint(key, (num_envs,), 0, action_dim)
         return jax.random.uniform(key, (num_envs, action_dim), minval=-1.0, maxval=1.0)
 
-    @partial(backend.jit, donate_argnums=0)
-    def _collect(state: DreamerState, handle, key):
-        random = state.replay.size < d.prefill
+    @partial(backend.jit, donate_argnums=1)
+    def _rollout(params, cursor: Cursor, handle, random, key):
+        """``steps_per_collect`` env steps on the env's device; the records to replay."""
 
         def step(carry, k):
             cursor, handle = carry
             k_act, k_random = jax.random.split(k)
-            model_state, action = filter_and_act(state.params, cursor.model_state,
-                                                 cursor.prev_action, cursor.obs,
-                                                 cursor.is_first, k_act, 1.0)
+            model_state, action = filter_and_act(params, cursor.model_state, cursor.prev_action,
+                                                 cursor.obs, cursor.is_first, k_act, 1.0)
             action = jnp.where(random, random_action(k_random), action)
             record = {"obs": cursor.obs, "action": action, "reward": cursor.reward,
                       "is_first": cursor.is_first, "is_terminal": cursor.is_terminal}
@@ -266,19 +274,26 @@ def build(config) -> Algorithm:
             return (cursor, handle), (record, completed)
 
         (cursor, handle), (records, completed) = jax.lax.scan(
-            step, (state.actor, handle), jax.random.split(key, d.steps_per_collect))
-        buffer = replay.add(state.replay, records)
-        state = state.replace(actor=cursor, replay=buffer,
-                              env_steps=state.env_steps + num_envs * d.steps_per_collect)
-        metrics = {**episode_metrics(completed),
-                   "replay/size": (buffer.size * num_envs).astype(jnp.float32),
-                   "charts/random_actions": random.astype(jnp.float32)}
-        return state, handle, metrics
+            step, (cursor, handle), jax.random.split(key, d.steps_per_collect))
+        return cursor, handle, records, {**episode_metrics(completed),
+                                         "charts/random_actions": random.astype(jnp.float32)}
 
-    def collect_hook(state, data, key):
+    @partial(backend.jit, donate_argnums=(0, 1))
+    def _add(buffer, env_steps, records):
+        buffer = replay.add(buffer, records)
+        # A buffer of its own (float) for the metric, not the replay's size, which is donated.
+        return buffer, env_steps + num_envs * d.steps_per_collect, \
+            (buffer.size * num_envs).astype(jnp.float32)
+
+    def collect_hook(state: DreamerState, data, key):
         del data
-        state, env_handle["handle"], metrics = _collect(state, env_handle["handle"], key)
-        return state, {}, metrics
+        random = state.replay.size < d.prefill  # a device scalar: no host sync
+        cursor, env_handle["handle"], records, metrics = _rollout(
+            parallel.local_replica(state.params, env_device), state.actor,
+            env_handle["handle"], parallel.local_replica(random, env_device), key)
+        buffer, env_steps, size = _add(state.replay, state.env_steps, replicate(records))
+        state = state.replace(actor=cursor, replay=buffer, env_steps=env_steps)
+        return state, {}, {**metrics, "replay/size": size}
 
     def losses(params, slow_critic, retnorm, batch, key):
         k_model, k_ac = jax.random.split(key)
@@ -294,6 +309,8 @@ def build(config) -> Algorithm:
     def _train(state: DreamerState, key):
         k_batch, k_loss = jax.random.split(key)
         batch = replay.sample_sequences(state.replay, k_batch, d.batch_size, d.batch_length)
+        if multi_device:  # each device takes its share of the sequences; XLA all-reduces
+            batch = jax.lax.with_sharding_constraint(batch, parallel.batch_sharding(mesh))
         grads, (metrics, retnorm) = jax.grad(losses, has_aux=True)(
             state.params, state.slow_critic, state.retnorm, batch, k_loss)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -327,7 +344,8 @@ def build(config) -> Algorithm:
 
     def train_hook(state, data, key):
         del data
-        state, metrics = _train(state, key)
+        actor = state.actor  # on the env's device; the learner is on the whole mesh
+        state, metrics = _train(state.replace(actor=None), key)
         if d.report_every > 0:
             if updates_seen["count"] is None:  # first call (or first after a resume)
                 updates_seen["count"] = int(state.updates)
@@ -335,7 +353,7 @@ def build(config) -> Algorithm:
                 updates_seen["count"] += 1
             if updates_seen["count"] % d.report_every == 0:
                 metrics = {**metrics, **_report(state, jax.random.fold_in(key, 1))}
-        return state, {}, metrics
+        return state.replace(actor=actor), {}, metrics
 
     @backend.jit
     def act(state, carry, obs, is_first, key, temperature):
