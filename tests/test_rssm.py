@@ -189,3 +189,20 @@ def test_sequence_replay_returns_consecutive_steps_of_one_env():
     env, step = windows // 100, windows % 100
     assert (env == env[:, :1]).all() and (np.diff(step, axis=1) == 1).all()
     assert step.min() >= 3 and step.max() <= 12
+
+
+def test_bfloat16_compute_keeps_float32_parameters_state_and_loss():
+    """compute_dtype bfloat16: the same parameters give a loss close to float32's, and the
+    parameters, the recurrent state and the loss stay float32."""
+    batch = {"obs": jax.random.normal(jax.random.key(20), (2, 6, 5)),
+             "action": jnp.zeros((2, 6), jnp.int32), "reward": jnp.ones((2, 6)),
+             "is_first": jnp.zeros((2, 6), bool).at[:, 0].set(True),
+             "is_terminal": jnp.zeros((2, 6), bool)}
+    full, half = tiny_model(), tiny_model(dtype=jnp.bfloat16)
+    params = full.init(jax.random.key(21), batch["obs"][:, 0])
+    assert jax.tree.structure(params) == jax.tree.structure(
+        half.init(jax.random.key(21), batch["obs"][:, 0]))
+    loss_full, _ = full.loss(params, batch, jax.random.key(22))
+    loss_half, (_, states) = half.loss(params, batch, jax.random.key(22))
+    assert loss_half.dtype == jnp.float32 and states["deter"].dtype == jnp.float32
+    np.testing.assert_allclose(loss_half, loss_full, rtol=0.05)

@@ -67,17 +67,19 @@ class Actor(nn.Module):
     unimix: float = 0.01
     min_std: float = 0.1
     max_std: float = 1.0
+    dtype: jnp.dtype = jnp.float32  # compute dtype; the distribution's parameters are float32
 
     @nn.compact
     def __call__(self, feat):
-        x = dense_block(feat, self.units, self.layers, "mlp")
+        x = dense_block(feat, self.units, self.layers, "mlp", self.dtype)
         # Small outputs (official outscale 0.01): the initial policy is near uniform / mean 0.
         init = nn.initializers.variance_scaling(0.01, "fan_in", "truncated_normal")
         if self.discrete:
-            logits = nn.Dense(self.action_dim, kernel_init=init, name="out")(x)
+            logits = nn.Dense(self.action_dim, kernel_init=init, dtype=self.dtype, name="out")(x)
+            logits = logits.astype(jnp.float32)
             return Categorical(unimix_logits(logits, self.unimix))
-        mean, std = jnp.split(nn.Dense(2 * self.action_dim, kernel_init=init, name="out")(x), 2,
-                              -1)
+        out = nn.Dense(2 * self.action_dim, kernel_init=init, dtype=self.dtype, name="out")(x)
+        mean, std = jnp.split(out.astype(jnp.float32), 2, -1)
         return bounded_normal(mean, std, self.min_std, self.max_std)
 
 
@@ -91,11 +93,14 @@ class Critic(nn.Module):
     units: int
     layers: int = 3
     num_bins: int = 255
+    dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(self, feat):
-        x = dense_block(feat, self.units, self.layers, "mlp")
-        return nn.Dense(self.num_bins, kernel_init=nn.initializers.zeros, name="out")(x)
+        x = dense_block(feat, self.units, self.layers, "mlp", self.dtype)
+        out = nn.Dense(self.num_bins, kernel_init=nn.initializers.zeros, dtype=self.dtype,
+                       name="out")(x)
+        return out.astype(jnp.float32)
 
 
 def value(logits, bins):

@@ -144,6 +144,9 @@ def validate(config) -> None:
         (d.prefill >= d.batch_length, f"dreamer.prefill={d.prefill} must be >= batch_length "
                                       f"{d.batch_length}: the first update samples sequences."),
         (d.horizon > 0, "dreamer.horizon must be > 0."),
+        (d.compute_dtype in ("float32", "bfloat16"),
+         f"dreamer.compute_dtype={d.compute_dtype!r}: choose 'float32' or 'bfloat16' "
+         "(bfloat16 pays off on accelerators; on a CPU it is slower)."),
         (0 < d.report_context < d.report_length <= d.prefill,
          "dreamer.report_context must be in (0, report_length) and report_length <= prefill."),
     ]
@@ -187,14 +190,16 @@ def build(config) -> Algorithm:
     _check_spaces(spec)
     num_envs = spec.num_envs
     action_dim = spec.num_actions if spec.discrete else spec.action_shape[0]
+    dtype = jnp.dtype(d.compute_dtype)
     world_model = rssm.make(spec.obs_shape, action_dim, spec.discrete, d.model_size,
-                            num_bins=d.num_bins, unimix=d.unimix, **dict(d.size_overrides))
+                            num_bins=d.num_bins, unimix=d.unimix, dtype=dtype,
+                            **dict(d.size_overrides))
     sizes = {**rssm.SIZES[d.model_size], **dict(d.size_overrides)}
     hyper = imagination.ActorCriticHyper.from_config(d)
     actor_critic = imagination.ActorCritic(
         imagination.Actor(action_dim, spec.discrete, sizes["units"], unimix=hyper.unimix,
-                          min_std=hyper.min_std, max_std=hyper.max_std),
-        imagination.Critic(sizes["units"], num_bins=hyper.num_bins), hyper)
+                          min_std=hyper.min_std, max_std=hyper.max_std, dtype=dtype),
+        imagination.Critic(sizes["units"], num_bins=hyper.num_bins, dtype=dtype), hyper)
     feat_dim = sizes["deter"] + world_model.net.stoch * sizes["classes"]
     optimizer = optim.dreamer_optimizer(d.learning_rate, agc=d.agc, warmup=d.warmup)
     if spec.discrete:

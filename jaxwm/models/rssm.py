@@ -59,11 +59,11 @@ SIZES = {
 IMAGE_SIZE = 64  # the convolution stacks map 64x64 <-> 2x2 (encoder) / 1x1 (decoder)
 
 
-def dense_block(x, units: int, layers: int, name: str):
-    """``layers`` x (Dense -> RMSNorm -> SiLU), DreamerV3's MLP layer."""
+def dense_block(x, units: int, layers: int, name: str, dtype=jnp.float32):
+    """``layers`` x (Dense -> RMSNorm -> SiLU), DreamerV3's MLP layer, computed in ``dtype``."""
     for i in range(layers):
-        x = nn.Dense(units, name=f"{name}_{i}")(x)
-        x = nn.silu(nn.RMSNorm(name=f"{name}_norm_{i}")(x))
+        x = nn.Dense(units, dtype=dtype, name=f"{name}_{i}")(x)
+        x = nn.silu(nn.RMSNorm(dtype=dtype, name=f"{name}_norm_{i}")(x))
     return x
 
 
@@ -95,6 +95,7 @@ class Encoder(nn.Module):
     units: int
     depth: int
     layers: int = 3
+    dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(self, obs):
@@ -103,10 +104,10 @@ class Encoder(nn.Module):
             x = jnp.moveaxis(obs.reshape((-1,) + obs.shape[-3:]), -3, -1)
             x = x.astype(jnp.float32) / 255.0 - 0.5
             for i, mult in enumerate((1, 2, 4, 8)):
-                x = Conv2D(self.depth * mult, 4, 2, name=f"conv_{i}")(x)
-                x = nn.silu(nn.RMSNorm(name=f"conv_norm_{i}")(x))
+                x = Conv2D(self.depth * mult, 4, 2, dtype=self.dtype, name=f"conv_{i}")(x)
+                x = nn.silu(nn.RMSNorm(dtype=self.dtype, name=f"conv_norm_{i}")(x))
             return x.reshape(batch + (-1,))
-        return dense_block(twohot.symlog(obs), self.units, self.layers, "mlp")
+        return dense_block(twohot.symlog(obs), self.units, self.layers, "mlp", self.dtype)
 
 
 class Decoder(nn.Module):
@@ -117,22 +118,26 @@ class Decoder(nn.Module):
     units: int
     depth: int
     layers: int = 3
+    dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(self, feat):
         if len(self.obs_shape) == 3:
             channels = self.obs_shape[0]
             batch = feat.shape[:-1]
-            x = nn.Dense(32 * self.depth, name="project")(feat)
+            x = nn.Dense(32 * self.depth, dtype=self.dtype, name="project")(feat)
             x = x.reshape((-1, 1, 1, 32 * self.depth))
             for i, (mult, kernel) in enumerate(((4, 5), (2, 5), (1, 6))):
                 x = nn.ConvTranspose(self.depth * mult, (kernel, kernel), (2, 2), "VALID",
-                                     name=f"deconv_{i}")(x)
-                x = nn.silu(nn.RMSNorm(name=f"deconv_norm_{i}")(x))
-            x = nn.ConvTranspose(channels, (6, 6), (2, 2), "VALID", name="deconv_out")(x)
-            return jnp.moveaxis(x, -1, -3).reshape(batch + tuple(self.obs_shape))
-        x = dense_block(feat, self.units, self.layers, "mlp")
-        return nn.Dense(self.obs_shape[0], name="out")(x)
+                                     dtype=self.dtype, name=f"deconv_{i}")(x)
+                x = nn.silu(nn.RMSNorm(dtype=self.dtype, name=f"deconv_norm_{i}")(x))
+            x = nn.ConvTranspose(channels, (6, 6), (2, 2), "VALID", dtype=self.dtype,
+                                 name="deconv_out")(x)
+            x = jnp.moveaxis(x, -1, -3).reshape(batch + tuple(self.obs_shape))
+        else:
+            x = dense_block(feat, self.units, self.layers, "mlp", self.dtype)
+            x = nn.Dense(self.obs_shape[0], dtype=self.dtype, name="out")(x)
+        return x.astype(jnp.float32)
 
 
 class WorldModelNet(nn.Module):
@@ -150,27 +155,30 @@ class WorldModelNet(nn.Module):
     blocks: int = 8
     unimix: float = 0.01
     num_bins: int = 255
+    # Compute dtype (bfloat16 on accelerators); parameters, the recurrent state, logits and
+    # losses stay float32.
+    dtype: jnp.dtype = jnp.float32
 
     def setup(self):
-        self.encoder = Encoder(self.units, self.depth)
-        self.decoder = Decoder(tuple(self.obs_shape), self.units, self.depth)
-        self.core = BlockGRU(self.deter, self.blocks)
-        self.core_in = [nn.Dense(self.hidden, name=f"core_in_{n}") for n in ("h", "z", "a")]
-        self.core_in_norm = [nn.RMSNorm(name=f"core_in_norm_{n}") for n in ("h", "z", "a")]
-        self.prior_hidden = [nn.Dense(self.hidden, name=f"prior_{i}") for i in range(2)]
-        self.prior_norm = [nn.RMSNorm(name=f"prior_norm_{i}") for i in range(2)]
-        self.prior_out = nn.Dense(self.stoch * self.classes, name="prior_out")
-        self.post_hidden = nn.Dense(self.hidden, name="post_0")
-        self.post_norm = nn.RMSNorm(name="post_norm_0")
-        self.post_out = nn.Dense(self.stoch * self.classes, name="post_out")
-        self.reward_hidden = nn.Dense(self.units, name="reward_0")
-        self.reward_norm = nn.RMSNorm(name="reward_norm_0")
+        self.encoder = Encoder(self.units, self.depth, dtype=self.dtype)
+        self.decoder = Decoder(tuple(self.obs_shape), self.units, self.depth, dtype=self.dtype)
+        self.core = BlockGRU(self.deter, self.blocks, dtype=self.dtype)
+        self.core_in = [nn.Dense(self.hidden, dtype=self.dtype, name=f"core_in_{n}") for n in ("h", "z", "a")]
+        self.core_in_norm = [nn.RMSNorm(dtype=self.dtype, name=f"core_in_norm_{n}") for n in ("h", "z", "a")]
+        self.prior_hidden = [nn.Dense(self.hidden, dtype=self.dtype, name=f"prior_{i}") for i in range(2)]
+        self.prior_norm = [nn.RMSNorm(dtype=self.dtype, name=f"prior_norm_{i}") for i in range(2)]
+        self.prior_out = nn.Dense(self.stoch * self.classes, dtype=self.dtype, name="prior_out")
+        self.post_hidden = nn.Dense(self.hidden, dtype=self.dtype, name="post_0")
+        self.post_norm = nn.RMSNorm(dtype=self.dtype, name="post_norm_0")
+        self.post_out = nn.Dense(self.stoch * self.classes, dtype=self.dtype, name="post_out")
+        self.reward_hidden = nn.Dense(self.units, dtype=self.dtype, name="reward_0")
+        self.reward_norm = nn.RMSNorm(dtype=self.dtype, name="reward_norm_0")
         # Zero-initialised: predicted rewards start at exactly 0 (paper, "Critic learning").
         self.reward_out = nn.Dense(self.num_bins, kernel_init=nn.initializers.zeros,
-                                   name="reward_out")
-        self.cont_hidden = nn.Dense(self.units, name="cont_0")
-        self.cont_norm = nn.RMSNorm(name="cont_norm_0")
-        self.cont_out = nn.Dense(1, name="cont_out")
+                                   dtype=self.dtype, name="reward_out")
+        self.cont_hidden = nn.Dense(self.units, dtype=self.dtype, name="cont_0")
+        self.cont_norm = nn.RMSNorm(dtype=self.dtype, name="cont_norm_0")
+        self.cont_out = nn.Dense(1, dtype=self.dtype, name="cont_out")
 
     def __call__(self, obs, action):
         """Touches every parameter once (for ``init``)."""
@@ -183,7 +191,7 @@ class WorldModelNet(nn.Module):
         return self.prior(deter), self.decode(feat), self.reward(feat), self.cont(feat)
 
     def encode(self, obs):
-        return self.encoder(obs)
+        return self.encoder(obs).astype(jnp.float32)
 
     def decode(self, feat):
         return self.decoder(feat)
@@ -200,6 +208,7 @@ class WorldModelNet(nn.Module):
         return self.core(state["deter"], x)
 
     def _logits(self, flat):
+        flat = flat.astype(jnp.float32)
         return unimix_logits(flat.reshape(flat.shape[:-1] + (self.stoch, self.classes)),
                              self.unimix)
 
@@ -214,10 +223,12 @@ class WorldModelNet(nn.Module):
         return self._logits(self.post_out(x))
 
     def reward(self, feat):
-        return self.reward_out(nn.silu(self.reward_norm(self.reward_hidden(feat))))
+        x = self.reward_out(nn.silu(self.reward_norm(self.reward_hidden(feat))))
+        return x.astype(jnp.float32)
 
     def cont(self, feat):
-        return self.cont_out(nn.silu(self.cont_norm(self.cont_hidden(feat))))[..., 0]
+        x = self.cont_out(nn.silu(self.cont_norm(self.cont_hidden(feat))))[..., 0]
+        return x.astype(jnp.float32)
 
 
 def features(state) -> jax.Array:

@@ -131,11 +131,14 @@ class Conv2D(nn.Module):
     stride: int = 1
     kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
     canonical_backward: bool | None = None
+    dtype: jnp.dtype | None = None  # compute dtype (e.g. bfloat16); parameters stay float32
 
     @nn.compact
     def __call__(self, x):
         w = self.param("kernel", self.kernel_init, (self.kernel, self.kernel, x.shape[-1], self.features))
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
+        if self.dtype is not None:
+            x, w, bias = (v.astype(self.dtype) for v in (x, w, bias))
         canonical = self.canonical_backward
         if canonical is None:
             canonical = jax.default_backend() == "cpu"

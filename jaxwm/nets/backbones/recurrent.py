@@ -52,17 +52,19 @@ class BlockLinear(nn.Module):
 
     features: int
     blocks: int
+    dtype: jnp.dtype = jnp.float32  # compute dtype; parameters stay float32
 
     @nn.compact
     def __call__(self, x):
+        x = x.astype(self.dtype)
         groups = x.reshape(x.shape[:-1] + (self.blocks, x.shape[-1] // self.blocks))
         init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2,
                                                 out_axis=-1, batch_axis=(0,))
         kernel = self.param("kernel", init, (self.blocks, groups.shape[-1],
                                              self.features // self.blocks))
-        y = jnp.einsum("...gi,gio->...go", groups, kernel)
-        return y.reshape(y.shape[:-2] + (-1,)) + self.param("bias", nn.initializers.zeros,
-                                                           (self.features,))
+        y = jnp.einsum("...gi,gio->...go", groups, kernel.astype(self.dtype))
+        bias = self.param("bias", nn.initializers.zeros, (self.features,))
+        return y.reshape(y.shape[:-2] + (-1,)) + bias.astype(self.dtype)
 
 
 class BlockGRU(nn.Module):
@@ -80,6 +82,7 @@ class BlockGRU(nn.Module):
     features: int
     blocks: int = 8
     layers: int = 1
+    dtype: jnp.dtype = jnp.float32  # compute dtype; the state is kept in float32
 
     @nn.compact
     def __call__(self, state, x):
@@ -89,9 +92,10 @@ class BlockGRU(nn.Module):
         shared = jnp.broadcast_to(x[..., None, :], x.shape[:-1] + (g, x.shape[-1]))
         h = flat(jnp.concatenate([groups(state), shared], -1))
         for i in range(self.layers):
-            h = nn.silu(nn.RMSNorm(name=f"norm_{i}")(
-                BlockLinear(self.features, g, name=f"hidden_{i}")(h)))
-        gates = groups(BlockLinear(3 * self.features, g, name="gates")(h))
+            h = nn.silu(nn.RMSNorm(dtype=self.dtype, name=f"norm_{i}")(
+                BlockLinear(self.features, g, self.dtype, name=f"hidden_{i}")(h)))
+        gates = groups(BlockLinear(3 * self.features, g, self.dtype, name="gates")(h))
+        gates = gates.astype(jnp.float32)
         reset, candidate, update = (flat(v) for v in jnp.split(gates, 3, -1))
         candidate = jnp.tanh(nn.sigmoid(reset) * candidate)
         update = nn.sigmoid(update - 1.0)
