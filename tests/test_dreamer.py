@@ -168,3 +168,23 @@ def test_size1m_cartpole_reaches_400_within_50k_steps(tmp_path):
     summary = run(config, str(tmp_path))
     assert summary["counters"]["env_steps"] == 50_000
     assert summary["eval/episodic_return"] >= 400, summary["eval/episodic_return"]
+
+
+def test_pixels_run_end_to_end_and_write_open_loop_videos(tmp_path):
+    """64x64 RGB Pong with the atari100k env settings at debug sizes: uint8 replay, the
+    convolutional encoder and decoder, and the open-loop GIF."""
+    from jaxwm.runner import run
+
+    config = load("configs/dreamer.py:atari100k", {
+        "total_env_steps": 48, "log.progress": False, "eval.at_end": False,
+        "log.every": "16 env_steps", "checkpoint.every": "never", "eval.every": "never",
+        "dreamer.size_overrides": {"deter": 16, "hidden": 8, "classes": 4, "units": 16,
+                                   "depth": 2},
+        "dreamer.batch_size": 2, "dreamer.batch_length": 8, "dreamer.prefill": 16,
+        "dreamer.train_ratio": 16.0, "dreamer.num_bins": 5, "dreamer.report_every": 2,
+        "dreamer.report_batch": 1, "dreamer.report_length": 8, "dreamer.report_context": 3})
+    summary = run(config, str(tmp_path))
+    assert summary["counters"]["model_updates"] == 32  # 16 / (2 x 8) = 1 update per env step
+    assert np.isfinite(summary["model/loss"])
+    videos = sorted((tmp_path / "videos").glob("report_openloop_*.gif"))
+    assert videos, "no open-loop video written"
