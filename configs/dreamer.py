@@ -12,7 +12,8 @@ lambda 0.95, actor entropy 3e-4, slow critic 0.02 / regulariser 1.0, return perc
 repeat 4, no sticky actions, 30 no-ops, lives unused, rewards unclipped, the minimal action
 set. ``dmc_proprio``: size1m, 16 envs, train_ratio 1024, 1.1M steps, no action repeat.
 ``crafter``: 1 env, train_ratio 512, 1.1M steps. Model size: ``--config.dreamer.model_size``
-(1m, 12m, 25m, 50m, 100m, 200m, 400m; the official default is 200m).
+(1m, 12m, 25m, 50m, 100m, 200m, 400m); jaxwm's default is 12m, the official one 200m,
+which needs a large accelerator.
 
 Differences, on purpose: ``prefill`` steps of random actions before the first update (the
 official agent acts with its untrained actor from the start and trains as soon as a batch
