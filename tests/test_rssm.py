@@ -52,7 +52,7 @@ def test_zero_initialised_heads_predict_zero(model_and_params):
     reward_logits, _ = model.heads(params, feat)
     bins = twohot.bins(model.net.num_bins)
     np.testing.assert_allclose(imagination.value(reward_logits, bins), 0.0, atol=1e-5)
-    critic = imagination.Critic(units=16)
+    critic = imagination.critic(units=16)
     critic_params = critic.init(jax.random.key(3), feat)
     np.testing.assert_allclose(imagination.value(critic.apply(critic_params, feat), bins), 0.0,
                                atol=1e-5)

@@ -33,7 +33,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxwm.models.rssm import dense_block, features, unimix_logits
+from jaxwm.models.rssm import MLP, dense_block, features, unimix_logits
 from jaxwm.nets.distributions import Categorical, DiagGaussian
 from jaxwm.ops import twohot
 from jaxwm.ops.returns import lambda_return
@@ -89,18 +89,9 @@ def bounded_normal(mean, std, min_std: float, max_std: float) -> DiagGaussian:
     return DiagGaussian(jnp.tanh(mean), jnp.log(std))
 
 
-class Critic(nn.Module):
-    units: int
-    layers: int = 3
-    num_bins: int = 255
-    dtype: jnp.dtype = jnp.float32
-
-    @nn.compact
-    def __call__(self, feat):
-        x = dense_block(feat, self.units, self.layers, "mlp", self.dtype)
-        out = nn.Dense(self.num_bins, kernel_init=nn.initializers.zeros, dtype=self.dtype,
-                       name="out")(x)
-        return out.astype(jnp.float32)
+def critic(units: int, layers: int = 3, num_bins: int = 255, dtype=jnp.float32) -> MLP:
+    """The two-hot critic: an MLP with a zero-initialised output layer (values start at 0)."""
+    return MLP(units, layers, num_bins, out_init=nn.initializers.zeros, dtype=dtype)
 
 
 def value(logits, bins):
@@ -111,7 +102,7 @@ def value(logits, bins):
 @dataclasses.dataclass(frozen=True)
 class ActorCritic:
     actor: Actor
-    critic: Critic
+    critic: MLP
     hyper: ActorCriticHyper
 
     def init(self, key, feat_dim: int):

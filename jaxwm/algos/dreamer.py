@@ -32,6 +32,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import struct
 
 from jaxwm import backend, parallel
@@ -39,6 +40,7 @@ from jaxwm.agents import imagination, optim
 from jaxwm.config import ConfigError
 from jaxwm.data import replay
 from jaxwm.envs import EpisodeStats, episode_metrics, make_env
+from jaxwm.loop import phases
 from jaxwm.loop.algorithm import Algorithm, Hook, Policy
 from jaxwm.loop.metrics import Video
 from jaxwm.models import rssm
@@ -104,10 +106,10 @@ def resolve_phases(config) -> None:
 
 
 def _hook_repeats(hooks) -> dict:
+    """{hook name: calls per cycle} of a phase's hook list (``loop.phases`` syntax)."""
     out = {}
-    for spec in hooks:
-        name, _, repeats = str(spec).partition(":")
-        out[name] = out.get(name, 0) + int(repeats or 1)
+    for name, repeats in map(phases.parse_hook, hooks):
+        out[name] = out.get(name, 0) + repeats
     return out
 
 
@@ -199,7 +201,7 @@ def build(config) -> Algorithm:
     actor_critic = imagination.ActorCritic(
         imagination.Actor(action_dim, spec.discrete, sizes["units"], unimix=hyper.unimix,
                           min_std=hyper.min_std, max_std=hyper.max_std, dtype=dtype),
-        imagination.Critic(sizes["units"], num_bins=hyper.num_bins, dtype=dtype), hyper)
+        imagination.critic(sizes["units"], num_bins=hyper.num_bins, dtype=dtype), hyper)
     feat_dim = sizes["deter"] + world_model.net.stoch * sizes["classes"]
     optimizer = optim.dreamer_optimizer(d.learning_rate, agc=d.agc, warmup=d.warmup)
     if spec.discrete:
@@ -324,7 +326,8 @@ def build(config) -> Algorithm:
         replayed = (state.updates + 1) * d.batch_size * d.batch_length
         trained_steps = jnp.maximum(state.env_steps - d.prefill * num_envs, 1)
         metrics = {**metrics, "replay/train_ratio": replayed / trained_steps,
-                   "optim/grad_norm": optim_norm(grads), "optim/update_norm": optim_norm(updates)}
+                   "optim/grad_norm": optax.global_norm(grads),
+                   "optim/update_norm": optax.global_norm(updates)}
         return state.replace(params=params, slow_critic=slow, opt_state=opt_state,
                              retnorm=retnorm, updates=state.updates + 1), metrics
 
@@ -386,8 +389,3 @@ def build(config) -> Algorithm:
         on_restore=lambda fresh, saved: saved.replace(actor=fresh.actor),
         close=env.close,
     )
-
-
-def optim_norm(tree) -> jax.Array:
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
-

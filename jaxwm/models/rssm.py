@@ -67,6 +67,25 @@ def dense_block(x, units: int, layers: int, name: str, dtype=jnp.float32):
     return x
 
 
+class MLP(nn.Module):
+    """``dense_block`` then, when ``out`` > 0, a Dense output layer, returned in float32: every
+    head of DreamerV3 (prior, posterior, reward, continue, critic, vector decoder) and, with
+    ``out = 0``, the RSSM's input layers."""
+
+    units: int
+    layers: int
+    out: int = 0
+    out_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        x = dense_block(x, self.units, self.layers, "hidden", self.dtype)
+        if self.out:
+            x = nn.Dense(self.out, kernel_init=self.out_init, dtype=self.dtype, name="out")(x)
+        return x.astype(jnp.float32)
+
+
 def unimix_logits(logits, unimix: float):
     """log((1 - u) softmax(logits) + u / K): every class keeps probability >= u / K."""
     probs = jax.nn.softmax(logits, -1)
@@ -134,10 +153,8 @@ class Decoder(nn.Module):
             x = nn.ConvTranspose(channels, (6, 6), (2, 2), "VALID", dtype=self.dtype,
                                  name="deconv_out")(x)
             x = jnp.moveaxis(x, -1, -3).reshape(batch + tuple(self.obs_shape))
-        else:
-            x = dense_block(feat, self.units, self.layers, "mlp", self.dtype)
-            x = nn.Dense(self.obs_shape[0], dtype=self.dtype, name="out")(x)
-        return x.astype(jnp.float32)
+            return x.astype(jnp.float32)
+        return MLP(self.units, self.layers, self.obs_shape[0], dtype=self.dtype, name="mlp")(feat)
 
 
 class WorldModelNet(nn.Module):
@@ -163,22 +180,14 @@ class WorldModelNet(nn.Module):
         self.encoder = Encoder(self.units, self.depth, dtype=self.dtype)
         self.decoder = Decoder(tuple(self.obs_shape), self.units, self.depth, dtype=self.dtype)
         self.core = BlockGRU(self.deter, self.blocks, dtype=self.dtype)
-        self.core_in = [nn.Dense(self.hidden, dtype=self.dtype, name=f"core_in_{n}") for n in ("h", "z", "a")]
-        self.core_in_norm = [nn.RMSNorm(dtype=self.dtype, name=f"core_in_norm_{n}") for n in ("h", "z", "a")]
-        self.prior_hidden = [nn.Dense(self.hidden, dtype=self.dtype, name=f"prior_{i}") for i in range(2)]
-        self.prior_norm = [nn.RMSNorm(dtype=self.dtype, name=f"prior_norm_{i}") for i in range(2)]
-        self.prior_out = nn.Dense(self.stoch * self.classes, dtype=self.dtype, name="prior_out")
-        self.post_hidden = nn.Dense(self.hidden, dtype=self.dtype, name="post_0")
-        self.post_norm = nn.RMSNorm(dtype=self.dtype, name="post_norm_0")
-        self.post_out = nn.Dense(self.stoch * self.classes, dtype=self.dtype, name="post_out")
-        self.reward_hidden = nn.Dense(self.units, dtype=self.dtype, name="reward_0")
-        self.reward_norm = nn.RMSNorm(dtype=self.dtype, name="reward_norm_0")
+        mlp = lambda units, layers, out=0, **kw: MLP(units, layers, out, dtype=self.dtype, **kw)  # noqa: E731
+        self.core_in = [mlp(self.hidden, 1) for _ in ("h", "z", "a")]  # inputs of the GRU
+        latents = self.stoch * self.classes
+        self.prior_net = mlp(self.hidden, 2, latents)
+        self.post_net = mlp(self.hidden, 1, latents)
         # Zero-initialised: predicted rewards start at exactly 0 (paper, "Critic learning").
-        self.reward_out = nn.Dense(self.num_bins, kernel_init=nn.initializers.zeros,
-                                   dtype=self.dtype, name="reward_out")
-        self.cont_hidden = nn.Dense(self.units, dtype=self.dtype, name="cont_0")
-        self.cont_norm = nn.RMSNorm(dtype=self.dtype, name="cont_norm_0")
-        self.cont_out = nn.Dense(1, dtype=self.dtype, name="cont_out")
+        self.reward_net = mlp(self.units, 1, self.num_bins, out_init=nn.initializers.zeros)
+        self.cont_net = mlp(self.units, 1, 1)
 
     def __call__(self, obs, action):
         """Touches every parameter once (for ``init``)."""
@@ -203,32 +212,25 @@ class WorldModelNet(nn.Module):
             action = action / jax.lax.stop_gradient(jnp.maximum(1.0, jnp.abs(action)))
         inputs = (state["deter"], state["stoch"].reshape(state["stoch"].shape[:-2] + (-1,)),
                   action)
-        x = jnp.concatenate([nn.silu(norm(dense(v))) for v, dense, norm in
-                             zip(inputs, self.core_in, self.core_in_norm, strict=True)], -1)
+        x = jnp.concatenate([layer(v) for v, layer in zip(inputs, self.core_in, strict=True)],
+                            -1)
         return self.core(state["deter"], x)
 
     def _logits(self, flat):
-        flat = flat.astype(jnp.float32)
         return unimix_logits(flat.reshape(flat.shape[:-1] + (self.stoch, self.classes)),
                              self.unimix)
 
     def prior(self, deter):
-        x = deter
-        for dense, norm in zip(self.prior_hidden, self.prior_norm, strict=True):
-            x = nn.silu(norm(dense(x)))
-        return self._logits(self.prior_out(x))
+        return self._logits(self.prior_net(deter))
 
     def posterior(self, deter, embed):
-        x = nn.silu(self.post_norm(self.post_hidden(jnp.concatenate([deter, embed], -1))))
-        return self._logits(self.post_out(x))
+        return self._logits(self.post_net(jnp.concatenate([deter, embed], -1)))
 
     def reward(self, feat):
-        x = self.reward_out(nn.silu(self.reward_norm(self.reward_hidden(feat))))
-        return x.astype(jnp.float32)
+        return self.reward_net(feat)
 
     def cont(self, feat):
-        x = self.cont_out(nn.silu(self.cont_norm(self.cont_hidden(feat))))[..., 0]
-        return x.astype(jnp.float32)
+        return self.cont_net(feat)[..., 0]
 
 
 def features(state) -> jax.Array:
