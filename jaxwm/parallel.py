@@ -5,6 +5,12 @@ after ``jax.distributed.initialize`` on several). Training batches are sharded o
 leading axis, parameters and optimiser state are replicated, and XLA inserts the gradient
 all-reduce. The same code runs on 1 CPU, N GPUs, or
 ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` fake CPU devices.
+
+Several processes (``jaxwm.launch``, or a Slurm job): each process owns its env pool and its
+local devices; a batch it collected becomes its slice of one global array
+(``global_batch``), so the update's all-reduce spans every process's devices (over gloo on
+CPU, NCCL on GPU). Values every process must agree on (normalisation statistics, episode
+metrics) are gathered with ``allgather`` and combined identically on each.
 """
 
 from __future__ import annotations
@@ -18,10 +24,76 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 DATA_AXIS = "data"
 
 
-def maybe_initialize_distributed() -> None:
-    """Joins a multi-host job when the launcher set JAX's coordinator variables."""
-    if os.environ.get("JAX_COORDINATOR_ADDRESS") and jax.process_count() == 1:
-        jax.distributed.initialize()
+class DistributedError(RuntimeError):
+    """The multi-process variables are inconsistent (raised before joining the job)."""
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise DistributedError(f"{name}={value!r} is not an integer.") from None
+
+
+def maybe_initialize_distributed() -> bool:
+    """Joins a multi-process job, if this process was started as part of one; returns whether
+    it did. Call it before anything touches a JAX backend (``jax.devices()``,
+    ``jax.process_count()``, any array): the backend is created once, and only a backend
+    created after ``jax.distributed.initialize`` sees the other processes' devices.
+
+    ``jaxwm.launch`` sets ``JAX_COORDINATOR_ADDRESS`` (read by JAX), ``JAX_NUM_PROCESSES`` and
+    ``JAX_PROCESS_ID``; under Slurm (``SLURM_NTASKS`` > 1, one task per process) JAX reads all
+    three from Slurm's own variables.
+    """
+    address = os.environ.get("JAX_COORDINATOR_ADDRESS") or None
+    under_slurm = (_env_int("SLURM_NTASKS") or 1) > 1
+    if not (address or under_slurm) or jax.distributed.is_initialized():
+        return False
+    num_processes, process_id = _env_int("JAX_NUM_PROCESSES"), _env_int("JAX_PROCESS_ID")
+    if num_processes is not None and process_id is not None and \
+            not 0 <= process_id < num_processes:
+        raise DistributedError(
+            f"JAX_PROCESS_ID={process_id}, but the coordinator expects JAX_NUM_PROCESSES="
+            f"{num_processes} processes (ids 0..{num_processes - 1}): start exactly "
+            f"{num_processes} processes, or raise JAX_NUM_PROCESSES.")
+    jax.distributed.initialize(coordinator_address=address, num_processes=num_processes,
+                               process_id=process_id)
+    return True
+
+
+def is_primary() -> bool:
+    """Process 0: the one that writes logs, progress and files beside the checkpoints."""
+    return jax.process_index() == 0
+
+
+def local_device(mesh: Mesh):
+    """This process's first device of ``mesh`` (where its env pool's programs run)."""
+    return next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
+
+
+def global_batch(tree, sharding: NamedSharding):
+    """Each process's batch -> one global array split over ``sharding``'s mesh: this process's
+    rows are its slice (in process order). With one process, a plain ``device_put``."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+    return jax.tree.map(
+        lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), tree)
+
+
+def replicate(tree, mesh: Mesh):
+    """Puts a value every process holds identically on every device of ``mesh``."""
+    return global_batch(tree, replicated(mesh))
+
+
+def allgather(tree):
+    """Every process's value of ``tree`` (numpy, leading axis = process index)."""
+    if jax.process_count() == 1:
+        return jax.tree.map(lambda x: np.asarray(x)[None], tree)
+    from jax.experimental import multihost_utils
+    return multihost_utils.process_allgather(tree)
 
 
 def data_mesh(num_devices: int | None = None) -> Mesh:

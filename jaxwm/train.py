@@ -56,13 +56,19 @@ def main(argv=None) -> int:
         print(f"jaxwm.train: cannot load the config file: {str(e).splitlines()[-1].strip()}",
               file=sys.stderr)
         return 2
-    parallel.maybe_initialize_distributed()
+    try:
+        parallel.maybe_initialize_distributed()
+    except parallel.DistributedError as e:
+        print(f"jaxwm.train: {e}", file=sys.stderr)
+        return 2
     workdir = _WORKDIR.value or default_workdir(config)
     try:
         summary = run(config, workdir)
     except (ConfigError, UnknownEnvError, IncompatibleCheckpointError, FloatingPointError) as e:
         print(f"jaxwm.train: {e}", file=sys.stderr)
         return 1
+    if not parallel.is_primary():
+        return 0
     ret = summary.get("eval/episodic_return")
     done = ", ".join(f"{n:,} {unit.replace('_', ' ')}" for unit, n in summary["counters"].items()
                      if unit != "iterations")

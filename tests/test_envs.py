@@ -18,8 +18,8 @@ from jaxwm.envs import EnvSpec, EpisodeStats, StepResult, UnknownEnvError, make_
 FIELDS = ("obs", "reward", "terminated", "truncated", "episode_over", "raw_reward")
 
 
-def _make(num_envs: int = 2, seed: int = 0, **cfg):
-    return make_env(ConfigDict(cfg), num_envs=num_envs, seed=seed)
+def _make(num_envs: int = 2, seed: int = 0, render: bool = False, **cfg):
+    return make_env(ConfigDict(cfg), num_envs=num_envs, seed=seed, render=render)
 
 
 def _random_actions(spec: EnvSpec, steps: int, seed: int = 0, scale: float = 1.0) -> np.ndarray:
@@ -346,11 +346,14 @@ def test_continuous_actions_are_clipped(path):
     assert not np.array_equal(inside.obs, clipped_by_hand.obs)  # the action does matter
 
 
-def test_render_frames():
-    frame = _make(id="CartPole-v1").render()
+def test_render_frames_only_where_asked():
+    frame = _make(id="CartPole-v1", render=True).render()
     assert frame.shape == (400, 600, 3) and frame.dtype == np.uint8
-    env = _make(id="Breakout-v5")
+    env = _make(id="Breakout-v5", render=True)
     env.reset()
     assert env.render().shape == (210, 160, 3)
     with pytest.raises(RuntimeError, match="OpenGL"):
-        _make(id="HalfCheetah-v4").render()
+        _make(id="HalfCheetah-v4", render=True).render()
+    # Training envs are built without envpool's renderer (it costs throughput).
+    with pytest.raises(RuntimeError, match="render=True"):
+        _make(id="Breakout-v5").render()

@@ -28,6 +28,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -78,6 +79,16 @@ def validate(config) -> None:
             if recurrent and num_envs == 1 else ""
         raise ConfigError(f"ppo.num_minibatches={p.num_minibatches} must divide {what} = "
                           f"{sequences}{hint}.")
+    processes = jax.process_count()
+    if num_envs % processes:
+        raise ConfigError(f"env.num_envs={num_envs} does not split over {processes} processes "
+                          "(each steps its own share of the envs); make it a multiple.")
+    if processes > 1 and config.num_seeds > 1:
+        raise ConfigError("num_seeds > 1 runs in one process; with several processes use "
+                          "num_seeds=1 (or launch one run per seed).")
+    if processes > 1 and config.num_devices not in (0, jax.device_count()):
+        raise ConfigError(f"num_devices={config.num_devices}: a multi-process run uses every "
+                          f"device of every process ({jax.device_count()}); leave it at 0.")
     num_devices = config.num_devices or jax.device_count()
     if (sequences // p.num_minibatches) % num_devices:
         raise ConfigError(f"A minibatch holds {sequences // p.num_minibatches} sequences, which "
@@ -88,10 +99,32 @@ def validate(config) -> None:
                           "vmapped over seeds: use scan or unroll with num_seeds > 1.")
 
 
+def merge_over_processes(start, statistics, metrics):
+    """Every process's normalisation statistics and episode metrics, combined the same way
+    in each (so the replicated learner stays identical): statistics as if one process had
+    seen every sample (``RunningMeanStd.merge_updates``), episode means weighted by the
+    episodes each process finished."""
+    gathered_stats, gathered = parallel.allgather((statistics, metrics))
+    statistics = tuple(RunningMeanStd.merge_updates(jax.device_get(s), g)
+                       for s, g in zip(start, gathered_stats, strict=True))
+    episodes = gathered["charts/episodes"]
+    merged = {"charts/episodes": jnp.asarray(episodes.sum())}
+    for name in ("charts/episodic_return", "charts/episodic_length"):
+        finished = episodes > 0
+        merged[name] = jnp.asarray(
+            np.sum(np.where(finished, gathered[name], 0.0) * episodes) / episodes.sum()
+            if finished.any() else np.nan, jnp.float32)
+    return statistics, {**{k: jnp.asarray(v[0]) for k, v in gathered.items()}, **merged}
+
+
 def build(config) -> Algorithm:
-    num_seeds, num_envs = config.num_seeds, config.env.num_envs
+    num_seeds = config.num_seeds
+    # Several processes: each steps its own share of the envs, seeded so that together they
+    # are the one-process pool (envpool seeds env i with seed + i).
+    processes, process = jax.process_count(), jax.process_index()
+    num_envs = config.env.num_envs // processes
     # With several seeds, one pool holds every seed's envs in turn (``loop.seeds``).
-    env = make_env(config.env, num_envs=num_seeds * num_envs, seed=config.seed)
+    env = make_env(config.env, num_envs=num_seeds * num_envs, seed=config.seed + process * num_envs)
     spec = env.spec
     network = make_actor_critic(spec, config.network)
     hyper = ppo.PPOHyper.from_config(config.ppo, recurrent=network.has_memory)
@@ -100,7 +133,7 @@ def build(config) -> Algorithm:
     loop_form = ppo.resolve_loop_form(config.ppo.loop_form)
 
     mesh = parallel.data_mesh(config.num_devices or None)
-    env_device = mesh.devices.flat[0]
+    env_device = parallel.local_device(mesh)
     multi_device = mesh.size > 1
     # Rollouts are [envs, ...], or [seeds, envs, ...]: either way sharded over the envs.
     env_axis = PartitionSpec(*([None] if num_seeds > 1 else []), parallel.DATA_AXIS)
@@ -148,22 +181,28 @@ def build(config) -> Algorithm:
         actor = fresh_actor()
         learner = over_seeds(new_learner)(key, actor)
         if multi_device:
-            learner = jax.device_put(learner, parallel.replicated(mesh))
+            learner = parallel.replicate(learner, mesh)
         return PPOState(learner, actor)
 
     def collect_hook(state, data, key):
         del data
+        if processes > 1:  # independent action noise in each process's envs
+            key = jax.random.fold_in(key, process)
+        learner = parallel.local_replica(state.learner, env_device)
         statistics, actor, env_handle["handle"], rollout, metrics = _collect(
-            parallel.local_replica(state.learner, env_device), state.actor, env_handle["handle"], key)
+            learner, state.actor, env_handle["handle"], key)
+        if processes > 1:
+            statistics, metrics = merge_over_processes(
+                (learner.obs_rms, learner.return_rms), statistics, metrics)
         if multi_device:
-            statistics = jax.device_put(statistics, parallel.replicated(mesh))
+            statistics = parallel.replicate(statistics, mesh)
         learner = state.learner.replace(obs_rms=statistics[0], return_rms=statistics[1])
         return PPOState(learner, actor), {"rollout": rollout}, per_seed(metrics)
 
     def update_hook(state, data, key):
         rollout = data["rollout"]
-        if multi_device:
-            rollout = jax.device_put(rollout, rollout_sharding)
+        if multi_device:  # each process's rollout is its slice of the global batch
+            rollout = parallel.global_batch(rollout, rollout_sharding)
         learner, metrics = update(state.learner, rollout, key)
         return state.replace(learner=learner), {}, per_seed(metrics)
 

@@ -55,7 +55,8 @@ class Evaluator:
         self.quotas = np.tile(episode_quotas(config.eval.num_episodes, config.eval.num_envs),
                               self.num_seeds)
         self.env = env if env is not None else make_env(
-            config.env, num_envs=len(self.quotas), seed=config.seed + seed_offset)
+            config.env, num_envs=len(self.quotas), seed=config.seed + seed_offset,
+            render=bool(config.eval.video))
         if self.env.spec.num_envs != len(self.quotas):
             raise ValueError(f"The evaluation pool has {self.env.spec.num_envs} envs; "
                              f"{len(self.quotas)} are needed for the quotas {self.quotas}.")

@@ -160,14 +160,19 @@ class MetricWriter:
 
     ``resumed_at`` (the counters of the checkpoint a run resumed from) drops the rows logged
     after that checkpoint, which the resumed run logs again: from ``metrics.jsonl`` directly,
-    from TensorBoard by ``purge_step`` on the x-axis.
+    from TensorBoard by ``purge_step`` on the x-axis. ``enabled=False`` (every process of a
+    multi-process run but the first) writes nothing.
     """
 
-    def __init__(self, workdir: str, resumed_at: dict | None = None, x_axis: str = "env_steps"):
+    def __init__(self, workdir: str, resumed_at: dict | None = None, x_axis: str = "env_steps",
+                 enabled: bool = True):
         from tensorboardX import SummaryWriter
 
         self.workdir = workdir
         self.path = os.path.join(workdir, "metrics.jsonl")
+        self._tb = None
+        if not enabled:
+            return
         purge_step = None
         if resumed_at is not None:
             purge_step = resumed_at[x_axis] + 1
@@ -213,6 +218,8 @@ class MetricWriter:
         return relative
 
     def write(self, step: int, metrics: dict) -> None:
+        if self._tb is None:
+            return
         row = {"step": int(step)}
         for name, value in metrics.items():
             if isinstance(value, Video):
@@ -228,8 +235,9 @@ class MetricWriter:
         self._jsonl.flush()
 
     def close(self) -> None:
-        self._tb.close()
-        self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+            self._jsonl.close()
 
 
 def read_jsonl(path: str) -> list[dict]:

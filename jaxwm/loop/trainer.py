@@ -40,9 +40,10 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from jaxwm import parallel
 from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import EVALUATE, Algorithm
-from jaxwm.loop.checkpoint import Checkpointer, prepare_workdir
+from jaxwm.loop.checkpoint import Checkpointer, IncompatibleCheckpointError, prepare_workdir
 from jaxwm.loop.metrics import (
     MEDIA,
     SCORE_SERIES,
@@ -148,6 +149,10 @@ class Trainer:
         self.x_axis = config.log.x_axis
         Clock.parse(f"1 {self.x_axis}", "log.x_axis").check(algorithm)
         self.scheduler = Scheduler(phases, algorithm)
+        # Several processes: all of them save checkpoints (orbax coordinates them), only the
+        # first writes logs, progress and the files beside the checkpoints.
+        self.primary = parallel.is_primary()
+        self.say = tqdm.write if self.primary else (lambda *_: None)
         prepare_workdir(workdir)
         self.checkpointer = Checkpointer(workdir, keep=config.checkpoint.keep)
         self.checkpointer.check_can_start(config, resume=config.resume)
@@ -166,13 +171,19 @@ class Trainer:
         if not (self.config.resume and self.checkpointer.latest_step() is not None):
             return state, key, False
         saved, loop, step, unreadable = self.checkpointer.restore(self.algorithm.persistent(state))
+        if loop.get("processes", 1) != jax.process_count():
+            raise IncompatibleCheckpointError(
+                f"{self.checkpointer.directory}/{step} was saved by a run of {loop.get('processes', 1)} "
+                f"process(es); this one has {jax.process_count()}. Resume with the same number "
+                "(python -m jaxwm.launch --num_processes=N), or start a new run in another "
+                "--workdir; nothing was changed.")
         self.scheduler.load_state_dict(loop["scheduler"])  # may refuse: nothing moved yet
-        note = self.checkpointer.set_aside(unreadable, step)
+        note = self.checkpointer.set_aside(unreadable, step) if self.primary else None
         if note:
-            tqdm.write(note)
+            self.say(note)
         state = self.algorithm.on_restore(state, saved)
         key = jnp.asarray(np.asarray(loop["key"], np.uint32))
-        tqdm.write(f"Resumed from {self.checkpointer.directory} at step "
+        self.say(f"Resumed from {self.checkpointer.directory} at step "
                    f"{self.scheduler.calls} ({self.scheduler.describe()}).")
         return state, key, True
 
@@ -180,7 +191,8 @@ class Trainer:
         sched = self.scheduler
         if self.checkpointer.latest_step() == sched.calls:
             return  # already saved at this step (periodic save coincided with the final one)
-        loop = {"key": np.asarray(key).tolist(), "scheduler": sched.state_dict()}
+        loop = {"key": np.asarray(key).tolist(), "scheduler": sched.state_dict(),
+                "processes": jax.process_count()}
         self.checkpointer.save(sched.calls, self.algorithm.persistent(state), loop, force=force)
 
     # ------------------------------------------------------------------ run
@@ -189,19 +201,22 @@ class Trainer:
         """Trains until every phase is done (or a signal arrives). Returns the last metrics."""
         state, key, resumed = self._restore_or_init()
         sched, algorithm, x_axis = self.scheduler, self.algorithm, self.x_axis
-        tqdm.write(f"{algorithm.name} on {self.config.env.id} -> {self.workdir} "
-                   f"(tensorboard --logdir {self.workdir})")
-        self.checkpointer.write_config(self.config)
+        say = self.say
+        processes = f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
+        say(f"{algorithm.name} on {self.config.env.id} -> {self.workdir} "
+            f"(tensorboard --logdir {self.workdir}){processes}")
+        if self.primary:
+            self.checkpointer.write_config(self.config)
         # A resumed run drops what was logged after its checkpoint (that stretch runs again).
         writer = MetricWriter(self.workdir, resumed_at=dict(sched.totals) if resumed else None,
-                              x_axis=x_axis)
+                              x_axis=x_axis, enabled=self.primary)
         window, timer = MetricWindow(), HookTimer()
         marks = {name: clock.marks(sched.totals) for name, clock in self.clocks.items()}
         flow = {}  # outputs of this cycle's hooks that a later hook still reads
         last = {}
         bar = tqdm(total=sched.planned_total(x_axis), initial=sched.totals[x_axis],
                    unit=x_axis, dynamic_ncols=True, mininterval=2.0,
-                   disable=not self.config.log.progress)
+                   disable=not (self.config.log.progress and self.primary))
         window_start = (time.perf_counter(), dict(sched.totals), sched.calls)
         eval_seconds = 0.0  # excluded from the rates
 
@@ -245,6 +260,8 @@ class Trainer:
             nonlocal eval_seconds
             jax.block_until_ready(state)  # queued training work is not evaluation time
             start = time.perf_counter()
+            if jax.process_count() > 1:  # every process evaluates alone, on its own copy
+                state = parallel.local_replica(state, jax.local_devices()[0])
             window.add(self.evaluator.run(state, key))
             seconds = time.perf_counter() - start
             eval_seconds += seconds
@@ -275,7 +292,7 @@ class Trainer:
 
         try:
             with _StopRequested() as stop:
-                announced = False
+                announced = stopping = False
                 while not sched.finished:
                     index = sched.phase_index
                     phase, name = sched.next_call()
@@ -293,16 +310,21 @@ class Trainer:
                     if phase_over:
                         early = " (ended early: until=" + phase.until + ")" \
                             if sched.ended_early[phase.name] else ""
-                        tqdm.write(f"Phase {phase.name!r} done at step {sched.calls} "
+                        say(f"Phase {phase.name!r} done at step {sched.calls} "
                                    f"({sched.describe()}){early}.")
 
                     if flow:  # passed data in flight: a checkpoint now could not resume
                         if stop.signal and not announced:
-                            tqdm.write(f"{stop.signal} received: running the hooks that still "
+                            say(f"{stop.signal} received: running the hooks that still "
                                        f"read {sorted(flow)} before saving.")
                             announced = True
                         continue
-                    if self.evaluator is not None and stop.signal is None and (
+                    # Several processes stop together, at the same call (else the others
+                    # would wait for the stopped one in their next all-reduce).
+                    stopping = stop.signal is not None
+                    if jax.process_count() > 1:
+                        stopping = bool(parallel.allgather(np.int32(stopping)).any())
+                    if self.evaluator is not None and not stopping and (
                             due("eval") or (sched.finished and self.config.eval.at_end)):
                         # A side stream: how often evaluation runs leaves the training keys,
                         # and so the training run, unchanged.
@@ -312,12 +334,12 @@ class Trainer:
                     if due("checkpoint"):
                         check_finite()
                         self._save(state, key)
-                    if stop.signal is not None:
+                    if stopping:
                         break
 
-                interrupted = stop.signal is not None and not sched.finished
+                interrupted = stopping and not sched.finished
                 if interrupted:
-                    tqdm.write(f"{stop.signal} received: saving a checkpoint at step {sched.calls} "
+                    say(f"{stop.signal or 'A signal'} received: saving a checkpoint at step {sched.calls} "
                                f"({sched.describe()}) and exiting; resume with "
                                "--config.resume=True.")
                     if sched.calls > window_start[2]:
@@ -330,12 +352,13 @@ class Trainer:
             self.checkpointer.close()
             bar.close()
             writer.close()
-        title = f"{algorithm.name} on {self.config.env.id}"
-        plot_learning_curve(writer.path, os.path.join(self.workdir, "learning_curve.png"),
-                            title, x_axis)
-        plot_learning_curve(writer.path, os.path.join(self.workdir, "normalized_score.png"),
-                            title, x_axis, SCORE_SERIES, "D4RL normalised score")
-        write_eval_csv(writer.path, os.path.join(self.workdir, "eval.csv"))
+        if self.primary:
+            title = f"{algorithm.name} on {self.config.env.id}"
+            plot_learning_curve(writer.path, os.path.join(self.workdir, "learning_curve.png"),
+                                title, x_axis)
+            plot_learning_curve(writer.path, os.path.join(self.workdir, "normalized_score.png"),
+                                title, x_axis, SCORE_SERIES, "D4RL normalised score")
+            write_eval_csv(writer.path, os.path.join(self.workdir, "eval.csv"))
         self.state = state
         return {**last, "interrupted": interrupted, "calls": sched.calls,
                 "counters": dict(sched.totals), **sched.totals}

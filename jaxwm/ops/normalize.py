@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 
@@ -35,6 +36,33 @@ class RunningMeanStd:
         mean = self.mean + delta * batch_count / total
         m2 = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total
         return RunningMeanStd(mean, m2 / total, total)
+
+    @staticmethod
+    def merge_updates(start: RunningMeanStd, updated: RunningMeanStd) -> RunningMeanStd:
+        """The statistics of ``start`` followed by every process's samples, given each
+        process's ``updated`` = ``start`` + its own samples (leaves stacked on a leading
+        process axis, numpy). Exact (Chan et al.'s combination, in float64 on the host): each
+        process's batch moments are recovered from the difference with ``start``, pooled, and
+        combined with ``start`` once."""
+        c0, m0 = np.float64(start.count), np.asarray(start.mean, np.float64)
+        m2_0 = np.asarray(start.var, np.float64) * c0
+        counts = np.asarray(updated.count, np.float64)  # [P]
+        n_all = (counts - c0).sum()
+        if not n_all > 0:  # nothing was added (normalisation off): nothing to merge
+            return jax.tree.map(jnp.asarray, start)
+        c = counts.reshape((-1,) + (1,) * m0.ndim)  # broadcast over the tracked shape
+        n = c - c0  # each process's number of samples
+        batch_means = (c * np.asarray(updated.mean, np.float64) - c0 * m0) / n
+        batch_m2 = (c * np.asarray(updated.var, np.float64) - m2_0
+                    - (batch_means - m0) ** 2 * c0 * n / c)
+        pooled_mean = (n * batch_means).sum(0) / n_all
+        pooled_m2 = (batch_m2 + n * (batch_means - pooled_mean) ** 2).sum(0)
+        total = c0 + n_all
+        delta = pooled_mean - m0
+        mean = m0 + delta * n_all / total
+        m2 = m2_0 + pooled_m2 + delta ** 2 * c0 * n_all / total
+        return RunningMeanStd(jnp.asarray(mean, jnp.float32), jnp.asarray(m2 / total, jnp.float32),
+                              jnp.asarray(total, jnp.float32))
 
     def normalize(self, x, clip: float = 10.0, epsilon: float = 1e-8):
         return jnp.clip((x - self.mean) / jnp.sqrt(self.var + epsilon), -clip, clip)

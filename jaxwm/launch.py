@@ -1,0 +1,97 @@
+"""Multi-process training on one machine: ``python -m jaxwm.launch --num_processes=2 -- <args>``.
+
+Starts ``--num_processes`` copies of ``python -m jaxwm.train <args>``, each with JAX's
+coordinator variables set (``JAX_COORDINATOR_ADDRESS`` on a free local port,
+``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``), so that ``jaxwm.parallel.maybe_initialize_distributed``
+joins them into one job: each process steps its own slice of the envs and the update's
+all-reduce spans every process's devices. Process 0 writes the logs, progress bar and run
+files; the others print only errors. If one process fails, the others are stopped and its
+exit status is returned.
+
+    python -m jaxwm.launch --num_processes=2 -- --config=configs/ppo.py:cartpole --workdir=runs/mp
+
+Fake devices per process (CPU): ``--devices_per_process=2`` sets
+``XLA_FLAGS=--xla_force_host_platform_device_count=2``. On a cluster the scheduler starts
+the processes instead, and JAX reads the same three values from it (Slurm: ``srun`` with one
+task per process; see the README).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_env(process_id: int, num_processes: int, address: str,
+                devices_per_process: int = 0) -> dict[str, str]:
+    env = dict(os.environ, JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES=str(num_processes),
+               JAX_PROCESS_ID=str(process_id))
+    if devices_per_process:
+        env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=(
+            env.get("XLA_FLAGS", "") +
+            f" --xla_force_host_platform_device_count={devices_per_process}").strip())
+    return env
+
+
+def spawn(python_args: list[str], num_processes: int, devices_per_process: int = 0,
+          **popen_kwargs) -> list[subprocess.Popen]:
+    """Starts ``python <python_args>`` ``num_processes`` times as one JAX job."""
+    if num_processes < 1:
+        raise ValueError(f"--num_processes must be >= 1, got {num_processes}.")
+    address = f"127.0.0.1:{free_port()}"
+    return [subprocess.Popen([sys.executable, *python_args],
+                             env=process_env(i, num_processes, address, devices_per_process),
+                             **popen_kwargs)
+            for i in range(num_processes)]
+
+
+def wait(processes: list[subprocess.Popen]) -> int:
+    """Waits for every process; stops the rest as soon as one fails. The first failure's exit
+    status (or 0)."""
+    while True:
+        codes = [p.poll() for p in processes]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            for p in processes:
+                if p.poll() is None:
+                    p.kill()
+            return failed[0]
+        if all(c == 0 for c in codes):
+            return 0
+        time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(prog="python -m jaxwm.launch", description=__doc__.split("\n")[0])
+    parser.add_argument("--num_processes", type=int, required=True)
+    parser.add_argument("--devices_per_process", type=int, default=0,
+                        help="fake CPU devices per process (0: the machine's own)")
+    args = parser.parse_args(argv[:split])
+    train_args = argv[split + 1:]
+    if not train_args:
+        parser.error("pass the jaxwm.train arguments after --, e.g. -- --config=configs/ppo.py:cartpole")
+    try:
+        processes = spawn(["-m", "jaxwm.train", *train_args], args.num_processes,
+                          args.devices_per_process)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        return wait(processes)
+    except KeyboardInterrupt:  # the processes got the same SIGINT: let them save and exit
+        return max(p.wait() for p in processes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

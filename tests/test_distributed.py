@@ -1,0 +1,169 @@
+"""Multi-process training on JAX's distributed runtime (``jaxwm.parallel``, ``jaxwm.launch``),
+with 2 local processes over gloo on CPU, as a cluster would run them."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from jaxwm import launch
+from jaxwm.loop.metrics import read_jsonl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+JOIN_SCRIPT = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {root!r})
+    from jaxwm import parallel
+    joined = parallel.maybe_initialize_distributed()  # before anything touches the backend
+    import jax
+    print(json.dumps(dict(joined=joined, initialized=jax.distributed.is_initialized(),
+                          processes=jax.process_count(), primary=parallel.is_primary())))
+""")
+
+
+def _launch(python_args, num_processes, devices_per_process=0, timeout=600):
+    processes = launch.spawn(python_args, num_processes, devices_per_process,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        outputs = [p.communicate(timeout=timeout) for p in processes]
+    finally:
+        for p in processes:
+            p.kill()
+    return [p.returncode for p in processes], outputs
+
+
+def test_joining_a_job_initialises_the_distributed_runtime_before_the_backend():
+    codes, outputs = _launch(["-c", JOIN_SCRIPT.format(root=ROOT)], 1)
+    assert codes == [0], outputs[0][1][-2000:]
+    out = json.loads(outputs[0][0].strip().splitlines()[-1])
+    assert out == dict(joined=True, initialized=True, processes=1, primary=True)
+
+
+def test_a_process_the_coordinator_does_not_expect_is_refused_in_one_line():
+    env = launch.process_env(2, 2, f"127.0.0.1:{launch.free_port()}")
+    proc = subprocess.run([sys.executable, "-m", "jaxwm.train", "--config=configs/ppo.py:cartpole"],
+                          env=env, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("jaxwm.train: JAX_PROCESS_ID=2, but the coordinator expects "
+                                   "JAX_NUM_PROCESSES=2 processes (ids 0..1): start exactly 2 "
+                                   "processes, or raise JAX_NUM_PROCESSES.")
+
+
+ROLLOUT_SCRIPT = textwrap.dedent("""
+    import os, pickle, sys
+    sys.path.insert(0, {root!r})
+    import jax, jaxwm.config
+    from jaxwm.algos import ppo as ppo_algo
+    c = jaxwm.config.load(os.path.join({root!r}, "configs/ppo.py:cartpole"))
+    algo = ppo_algo.build(c)
+    state = algo.init(jax.random.PRNGKey(0))
+    _, passed, _ = algo.hooks["collect"].fn(state, {{}}, jax.random.PRNGKey(1))
+    with open({path!r}, "wb") as f:
+        pickle.dump(jax.device_get(passed["rollout"]), f)
+    algo.close()
+""")
+
+UPDATE_SCRIPT = textwrap.dedent("""
+    import json, os, pickle, sys
+    sys.path.insert(0, {root!r})
+    from jaxwm import parallel
+    parallel.maybe_initialize_distributed()
+    import jax, numpy as np, jaxwm.config
+    from jaxwm.algos import ppo as ppo_algo
+    c = jaxwm.config.load(os.path.join({root!r}, "configs/ppo.py:cartpole"))
+    algo = ppo_algo.build(c)
+    state = algo.init(jax.random.PRNGKey(0))
+    with open({path!r}, "rb") as f:
+        rollout = pickle.load(f)
+    # This process's envs are its slice of the one global rollout.
+    n, p = c.env.num_envs // jax.process_count(), jax.process_index()
+    local = jax.tree.map(lambda x: x[p * n:(p + 1) * n], rollout)
+    state, _, metrics = algo.hooks["update_agent"].fn(state, {{"rollout": local}},
+                                                      jax.random.PRNGKey(3))
+    leaves = jax.tree.leaves(state.learner.params)
+    if parallel.is_primary():
+        print(json.dumps(dict(
+            params=[np.asarray(x.addressable_shards[0].data).ravel().tolist() for x in leaves],
+            devices=jax.device_count(), processes=jax.process_count(),
+            spans=len(leaves[0].devices()), loss=float(metrics["losses/value_loss"]))))
+    algo.close()
+""")
+
+
+def test_two_processes_of_two_devices_give_the_update_of_one_process_of_four(tmp_path):
+    path = str(tmp_path / "rollout.pkl")
+    subprocess.run([sys.executable, "-c", ROLLOUT_SCRIPT.format(root=ROOT, path=path)],
+                   check=True, capture_output=True, timeout=300)
+    script = UPDATE_SCRIPT.format(root=ROOT, path=path)
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    single = json.loads(proc.stdout.strip().splitlines()[-1])
+    codes, outputs = _launch(["-c", script], 2, devices_per_process=2)
+    assert codes == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
+    multi = json.loads(outputs[0][0].strip().splitlines()[-1])
+    assert (single["devices"], single["processes"]) == (4, 1)
+    assert (multi["devices"], multi["processes"], multi["spans"]) == (4, 2, 4)
+    # The same global batch over the same 4-way mesh: the all-reduce crosses processes, the
+    # arithmetic does not change (float32 sums in another order at most).
+    np.testing.assert_allclose(multi["loss"], single["loss"], rtol=1e-5)
+    for a, b in zip(single["params"], multi["params"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _train(workdir, num_processes, *overrides):
+    args = ["-m", "jaxwm.train", "--config=configs/ppo.py:cartpole", f"--workdir={workdir}",
+            "--config.log.progress=False", *overrides]
+    return _launch(args, num_processes, devices_per_process=2)
+
+
+def test_two_process_run_logs_once_resumes_and_refuses_another_process_count(tmp_path):
+    workdir = tmp_path / "run"
+    short = ("--config.total_env_steps=2048", "--config.ppo.anneal_env_steps=200192",
+             "--config.eval.num_episodes=2", "--config.eval.num_envs=2")
+    codes, outputs = _train(workdir, 2, *short)
+    assert codes == [0, 0], outputs[0][1][-3000:]
+    assert "Finished 2,048 env steps" in outputs[0][0] and "Finished" not in outputs[1][0]
+    rows = read_jsonl(workdir / "metrics.jsonl")
+    steps = [r["step"] for r in rows]
+    assert steps == sorted(set(steps)) and steps[-1] == 2048  # one writer: each row once
+    assert np.isfinite(rows[-1]["eval/episodic_return"])
+
+    codes, outputs = _train(workdir, 2, "--config.total_env_steps=4096",
+                            "--config.ppo.anneal_env_steps=200192", *short[2:],
+                            "--config.resume=True")
+    assert codes == [0, 0], outputs[0][1][-3000:]
+    assert "Resumed from" in outputs[0][1] + outputs[0][0]
+    assert read_jsonl(workdir / "metrics.jsonl")[-1]["step"] == 4096
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxwm.train", "--config=configs/ppo.py:cartpole",
+         f"--workdir={workdir}", "--config.total_env_steps=8192",
+         "--config.ppo.anneal_env_steps=200192", *short[2:], "--config.resume=True"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 1
+    assert "saved by a run of 2 process(es); this one has 1" in proc.stderr
+
+
+def test_env_count_that_does_not_split_over_processes_is_refused(tmp_path):
+    codes, outputs = _train(tmp_path / "run", 2, "--config.env.num_envs=7",
+                            "--config.ppo.num_minibatches=7")
+    assert codes[0] == 1
+    assert "env.num_envs=7 does not split over 2 processes" in outputs[0][1]
+
+
+@pytest.mark.slow
+def test_two_process_cartpole_is_solved(tmp_path):
+    """The default CartPole job (200k steps) as 2 processes x 2 devices: ~8 min on 2 cores,
+    most of it in gloo all-reduces between processes."""
+    codes, outputs = _train(tmp_path / "run", 2)
+    assert codes == [0, 0], outputs[0][1][-3000:]
+    final = read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]
+    assert final["eval/episodic_return"] >= 475.0
