@@ -134,6 +134,54 @@ def raw_env(variant: str, num_envs: int, steps: int, repeats: int) -> dict[str, 
     return {"host": host, "xla": xla}
 
 
+def audit_rows(variant: str, num_envs: int, steps: int, repeats: int) -> list[dict]:
+    """What each piece of jaxwm's host env path costs against envpool itself (random actions,
+    host path): envpool with and without its renderer (training envs never render), then
+    jaxwm's ``env.step`` (action cast, observation transform, result dtypes), then that plus
+    the episode statistics."""
+    from envpool import make as envpool_make
+
+    from jaxwm.envs import EpisodeStats
+    from jaxwm.envs.families import envpool_kwargs, infer_family
+
+    config = load_config(variant)
+    family = infer_family(config.env.id)
+    timings = {}
+    for render in (True, False):
+        raw = envpool_make(config.env.id, env_type="gymnasium", num_envs=num_envs,
+                           batch_size=num_envs, seed=0, render_mode="rgb_array" if render else None,
+                           **envpool_kwargs(family, config.env))
+        actions = random_actions(make_env(config.env, 1, 0).spec, steps, np.random.default_rng(0))
+        actions = actions[:, :1].repeat(num_envs, axis=1)
+        raw.reset()
+        timings[f"envpool step, render_mode={'rgb_array' if render else None}"] = timed(
+            lambda raw=raw, actions=actions: [raw.step(a) for a in actions], repeats)
+        raw.close()
+    env = make_env(config.env, num_envs=num_envs, seed=0)
+    env.reset()
+    timings["jaxwm env.step (casts, obs transform)"] = timed(
+        lambda: [env.step(a) for a in actions], repeats)
+    update = jax.jit(EpisodeStats.update)
+
+    def with_stats():
+        stats = EpisodeStats.create(num_envs)
+        for a in actions:
+            stats, _ = update(stats, env.step(a))
+        return stats
+
+    timings["jaxwm env.step + episode statistics"] = timed(with_stats, repeats)
+    env.close()
+    base = None
+    rows = []
+    for label, timing in timings.items():
+        sps = steps * num_envs / timing.median
+        base = base or sps
+        rows.append({"env": ENVS[variant], "measurement": f"env path: {label}", "envs": num_envs,
+                     "steps_per_s": sps, "over_first": sps / base, "samples_s": timing.samples})
+        print(f"{ENVS[variant]} {label}: {sps:,.0f} steps/s", flush=True)
+    return rows
+
+
 def raw_rows(variant: str, num_envs: int, steps: int, repeats: int) -> list[dict]:
     """The two raw-envpool rows for one env."""
     timings = raw_env(variant, num_envs, steps, repeats)
@@ -150,9 +198,10 @@ def raw_rows(variant: str, num_envs: int, steps: int, repeats: int) -> list[dict
 # ----------------------------------------------------------------------------- PPO
 
 
-def ppo_rows(variant: str, forms: list[str], args, raw_xla_sps: float, backend: str) -> list[dict]:
+def ppo_rows(variant: str, forms: list[str], args, raw_xla_sps: float, backend: str,
+             async_collect: bool = False) -> list[dict]:
     """One PPO row per loop form for one env."""
-    overrides = {"env.num_envs": args.envs}
+    overrides = {"env.num_envs": args.envs, "ppo.async_collect": async_collect}
     if args.quick and variant == "atari":
         overrides["ppo.num_steps"] = 32  # smoke run only: a quarter of the rollout
     auto = resolve_loop_form("auto")
@@ -163,11 +212,12 @@ def ppo_rows(variant: str, forms: list[str], args, raw_xla_sps: float, backend: 
         result = ppo_end_to_end(config, 0.0 if args.quick else args.window,
                                 1 if args.quick else args.repeats, args.max_iterations)
         label = f"auto (= {auto})" if form == "auto" else f"{form} (= auto)" if form == auto else form
-        rows.append({"env": ENVS[variant], "measurement": "PPO end to end", "loop_form": label,
+        what = "PPO end to end" + (", async collect" if async_collect else "")
+        rows.append({"env": ENVS[variant], "measurement": what, "loop_form": label,
                      "is_auto": form in ("auto", auto), "envs": args.envs, **result,
                      "ppo_over_raw_xla": result["steps_per_s"] / raw_xla_sps,
                      **versus(result["steps_per_s"], ref)})
-        print(f"{ENVS[variant]} PPO {label}: {result['steps_per_s']:,.0f} steps/s", flush=True)
+        print(f"{ENVS[variant]} {what} {label}: {result['steps_per_s']:,.0f} steps/s", flush=True)
     return rows
 
 
@@ -263,6 +313,10 @@ def notes_for(args, hw: dict, rows: list[dict]) -> list[str]:
         "collect_s / update_s: median seconds per iteration of each hook (each blocked on).",
         f"peak_mem_mib: {mem_kind}, a peak since the process started (rows run in table order).",
         f"ppo.loop_form=auto resolves to '{resolve_loop_form('auto')}' on backend {hw['backend']}.",
+        "env path rows: host-path steps/s of envpool itself (with and without its renderer) "
+        "and of jaxwm's env path; over_first: the ratio to the first of them.",
+        "async collect: ppo.async_collect=True, the next rollout collected on a second thread "
+        "during the update (collect_s is then the wait for it).",
         f"CartPole-v1 (MLP, configs/ppo.py:cartpole) and Breakout-v5 (Nature CNN, "
         f"configs/ppo.py:atari), {args.envs} envs each; raw envpool uses random actions.",
     ]
@@ -295,7 +349,11 @@ def main() -> None:
         raw = raw_rows(variant, args.envs, raw_steps, repeats)
         forms = ["auto"] if variant == "cartpole" else breakout_forms(args)
         xla_sps = raw[1]["steps_per_s"]  # raw rows: host path, then XLA path
+        if variant == "atari":
+            rows += audit_rows(variant, args.envs, raw_steps, repeats)
         rows += raw + ppo_rows(variant, forms, args, xla_sps, hw["backend"])
+        if variant == "atari":  # the default form with ppo.async_collect
+            rows += ppo_rows(variant, ["auto"], args, xla_sps, hw["backend"], async_collect=True)
     solve = None
     if not args.skip_solve:
         solve = solve_cartpole(16_384 if args.quick else None)
@@ -303,7 +361,7 @@ def main() -> None:
     goals = goal_rows(rows, solve, hw["backend"], args.quick)
     rows += goals
 
-    columns = ["env", "measurement", "loop_form", "envs", "steps_per_s", "compile_s", "collect_s",
+    columns = ["env", "measurement", "loop_form", "envs", "steps_per_s", "over_first", "compile_s", "collect_s",
                "update_s", "ppo_over_raw_xla", "peak_mem_mib", "wall_s", "env_steps", "eval_return",
                "solved", "reference", "ratio", "goal", "verdict"]
     write_results("ppo_throughput", rows, hw, notes_for(args, hw, rows) + goal_notes(goals),

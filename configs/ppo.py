@@ -93,6 +93,9 @@ def ppo_block(**overrides) -> ml_collections.ConfigDict:
     p.normalize_obs = False
     p.normalize_reward = False
     p.loop_form = "auto"  # auto | scan | unroll | host (see jaxwm/agents/ppo.py)
+    # Collect the next rollout on a second thread while the update runs, acting with the
+    # parameters from before it (a one-update lag; see jaxwm/algos/ppo.py). Off: exact PPO.
+    p.async_collect = False
     # Memory backbones: reset the memory at episode starts inside training sequences too.
     # False reproduces BenchNetRL's Mamba update (state leaks across episodes), for comparison.
     p.update_resets = True

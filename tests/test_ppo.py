@@ -83,6 +83,35 @@ def test_hooks_donate_what_they_change():
         algo.close()
 
 
+def test_async_collection_acts_with_the_parameters_from_before_the_last_update():
+    """ppo.async_collect: the rollout the second collect returns was collected during the first
+    update, by the initial parameters (a one-update lag), from where the first rollout ended:
+    exactly what a synchronous collect with those parameters gives."""
+    key1, key2 = jax.random.PRNGKey(1), jax.random.PRNGKey(2)
+    rollouts = {}
+    for mode in (True, False):
+        algo = ppo_algo.build(ppo_config(**{"ppo.async_collect": mode}))
+        try:
+            state = algo.init(jax.random.PRNGKey(0))
+            state, first, _ = algo.hooks["collect"].fn(state, {}, key1)
+            if mode:  # rollout 2 is collected while this update runs
+                state, _, _ = algo.hooks["update_agent"].fn(state, first, jax.random.PRNGKey(3))
+                state, second, _ = algo.hooks["collect"].fn(state, {}, key2)
+                assert not any(x.is_deleted() for x in jax.tree.leaves(state))
+            else:  # no update: the parameters rollout 2 was started with
+                state, second, _ = algo.hooks["collect"].fn(state, {}, jax.random.fold_in(key1, 1))
+            rollouts[mode] = jax.device_get(second["rollout"])
+        finally:
+            algo.close()
+    for name in ("obs", "action", "log_prob", "value", "reward"):
+        np.testing.assert_array_equal(getattr(rollouts[True], name), getattr(rollouts[False], name))
+
+
+def test_async_collection_solves_cartpole(tmp_path):
+    summary = train.run(ppo_config(**{"ppo.async_collect": True}), str(tmp_path / "run"))
+    assert summary["eval/episodic_return"] >= 475.0
+
+
 def test_extending_a_run_keeps_the_learning_rate_schedule(tmp_path):
     """A run planned for 2048 steps and one stopped at 1024 then extended to 2048 anneal the
     learning rate identically: the schedule follows ppo.anneal_env_steps, not the budget."""

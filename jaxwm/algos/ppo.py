@@ -13,6 +13,16 @@ replicated over the mesh once, at ``init``; ``collect`` reads the replica alread
 device (no transfer), and only the rollout moves, sharded over the ``data`` axis for the
 update (``jaxwm.parallel``), plus the small observation/return statistics ``collect`` updates.
 
+Asynchronous collection (``ppo.async_collect=True``, Sebulba-style; Hessel et al. 2021,
+"Podracer architectures"): ``collect`` hands back the rollout a second thread collected
+during the previous update and starts the next one at once, with the parameters as they are
+before this iteration's update, so env stepping and acting overlap the learner. The lag is
+one update: rollout k+1 is collected by the policy that rollout k updated *from*. PPO needs
+no further correction, because its ratio uses the log-probabilities of the policy that
+acted (stored in the rollout), and the clipping bounds the step from that policy. The first
+collect after a start or a resume runs in the foreground (nothing is in flight yet), so a
+resumed async run is not bit-identical to an uninterrupted one; the synchronous default is.
+
 The learning rate anneals to 0 over ``ppo.anneal_env_steps`` (by default the run's
 ``total_env_steps``, fixed when the run starts), never over the budget of a resumed run: a
 resume with another ``total_env_steps`` is refused where that would move the schedule (the
@@ -24,6 +34,7 @@ would sit at 0). So an annealed run can be shortened or resumed, not extended; w
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 
 import jax
@@ -99,6 +110,37 @@ def validate(config) -> None:
                           "vmapped over seeds: use scan or unroll with num_seeds > 1.")
 
 
+class BackgroundCollect:
+    """One rollout collected on a second thread while the learner updates (see the module
+    docstring). JAX releases the GIL while a program runs, so the thread's collection and
+    the main thread's update run at the same time."""
+
+    def __init__(self, collect):
+        self._collect = collect
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxwm-collect")
+        self._pending = None
+
+    def result(self, learner, actor, handle, key):
+        """``(learner the rollout started from, collect's outputs)`` of the rollout in flight,
+        or of one collected now in the foreground if none is."""
+        if self._pending is None:
+            return learner, self._collect(learner, actor, handle, key)
+        pending, self._pending = self._pending, None
+        return pending.result()
+
+    def start(self, learner, actor, handle, key):
+        """Starts the next rollout. The learner is copied: the update donates its buffers
+        while the thread still reads them."""
+        snapshot = jax.tree.map(jnp.copy, learner)
+        self._pending = self._pool.submit(lambda: (snapshot, jax.block_until_ready(
+            self._collect(snapshot, actor, handle, key))))
+
+    def close(self):
+        if self._pending is not None:
+            self._pending.result()
+        self._pool.shutdown()
+
+
 def merge_over_processes(start, statistics, metrics):
     """Every process's normalisation statistics and episode metrics, combined the same way
     in each (so the replicated learner stays identical): statistics as if one process had
@@ -165,8 +207,11 @@ def build(config) -> Algorithm:
             network, hyper, env_step, learner, actor, handle, key)
         return (learner.obs_rms, learner.return_rms), actor, handle, rollout, metrics
 
-    _collect = backend.jit(over_seeds(collect_one, in_axes=(0, 0, None, 0),
-                                      out_axes=(0, 0, None, 0, 0)), donate_argnums=1)
+    collect_vmapped = over_seeds(collect_one, in_axes=(0, 0, None, 0), out_axes=(0, 0, None, 0, 0))
+    _collect = backend.jit(collect_vmapped, donate_argnums=1)
+    # The background collection keeps its input actor: the state still refers to it.
+    background = BackgroundCollect(backend.jit(collect_vmapped)) \
+        if config.ppo.async_collect else None
 
     def new_learner(key, actor):
         params = network.init(key, actor.carry, actor.obs[:, None], actor.is_first[:, None])
@@ -188,12 +233,19 @@ def build(config) -> Algorithm:
         del data
         if processes > 1:  # independent action noise in each process's envs
             key = jax.random.fold_in(key, process)
-        learner = parallel.local_replica(state.learner, env_device)
-        statistics, actor, env_handle["handle"], rollout, metrics = _collect(
-            learner, state.actor, env_handle["handle"], key)
+        current = learner = parallel.local_replica(state.learner, env_device)
+        if background is None:
+            statistics, actor, env_handle["handle"], rollout, metrics = _collect(
+                learner, state.actor, env_handle["handle"], key)
+        else:  # ``learner``: the (older) one the finished rollout started from
+            learner, (statistics, actor, env_handle["handle"], rollout, metrics) = \
+                background.result(learner, state.actor, env_handle["handle"], key)
         if processes > 1:
             statistics, metrics = merge_over_processes(
                 (learner.obs_rms, learner.return_rms), statistics, metrics)
+        if background is not None:  # the next rollout, while this one trains the learner
+            background.start(current.replace(obs_rms=statistics[0], return_rms=statistics[1]),
+                             actor, env_handle["handle"], jax.random.fold_in(key, 1))
         if multi_device:
             statistics = parallel.replicate(statistics, mesh)
         learner = state.learner.replace(obs_rms=statistics[0], return_rms=statistics[1])
@@ -242,5 +294,5 @@ def build(config) -> Algorithm:
         # The actor's state belongs to the live envs, which restart on resume.
         persistent=lambda state: state.learner,
         on_restore=lambda fresh, learner: fresh.replace(learner=learner),
-        close=env.close,
+        close=(lambda: (background.close(), env.close())) if background else env.close,
     )

@@ -27,7 +27,6 @@ boundary; the rest of the program stays 32-bit.
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 from collections.abc import Mapping
 from types import ModuleType
@@ -59,19 +58,13 @@ _NO_RENDER_FAMILIES = ("mujoco", "dmc")
 
 
 def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
-             render: bool = False, batch_size: int = 0) -> EnvPoolEnv:
-    """Build an envpool batch of ``num_envs`` copies of ``env_config.id``.
+             render: bool = False) -> EnvPoolEnv:
+    """Build a synchronous envpool batch of ``num_envs`` copies of ``env_config.id``.
 
     ``render``: build envpool's renderer, for an env that records video (evaluation). Off
     for training envs: envpool's ``render_mode="rgb_array"`` keeps a full-size RGB frame per
     env and step, about 25% of raw Atari throughput on 2 cores (``benchmarks/ppo_throughput.py``,
     the env-path audit rows).
-
-    ``batch_size``: 0 or ``num_envs`` builds the synchronous pool (every call steps every
-    env). Smaller builds envpool's asynchronous pool: ``recv`` returns the first
-    ``batch_size`` envs to finish and ``send`` hands them their next actions, so envs step on
-    envpool's threads while the policy acts on another batch (``xla_async``). Its threads are
-    then set from the machine (``num_threads = min(num_envs, CPU cores)``).
 
     ``env_config`` (an ``ml_collections.ConfigDict`` or any mapping) is read with ``.get`` and
     defaults, so partially filled configs work; fields are documented in
@@ -85,11 +78,8 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
         raise ValueError(f"num_envs must be >= 1, got {num_envs}.")
     family = infer_family(str(env_id))
     masked = tuple(int(i) for i in env_config.get("masked_indices", ()) or ())
-    if not 0 <= batch_size <= num_envs:
-        raise ConfigError(f"env.batch_size={batch_size} must be in [0, num_envs={num_envs}] "
-                          "(0 = all envs, the synchronous pool).")
     return EnvPoolEnv(str(env_id), family, num_envs, seed, envpool_kwargs(family, env_config),
-                      masked, render=render, batch_size=batch_size or num_envs)
+                      masked, render=render)
 
 
 def require_continuous_vectors(env: EnvPoolEnv, who: str) -> EnvPoolEnv:
@@ -113,18 +103,14 @@ class EnvPoolEnv:
     """A vectorised envpool env with numpy (host) and jittable (XLA) step functions."""
 
     def __init__(self, env_id: str, family: str, num_envs: int, seed: int, kwargs: dict[str, Any],
-                 masked: tuple[int, ...] = (), *, render: bool = False,
-                 batch_size: int | None = None) -> None:
+                 masked: tuple[int, ...] = (), *, render: bool = False) -> None:
         self._family = family
         self._render = render and family not in _NO_RENDER_FAMILIES
-        self.batch_size = batch_size or num_envs
-        if self.batch_size < num_envs:  # asynchronous: give envpool the machine's cores
-            kwargs = dict(kwargs, num_threads=min(num_envs, len(os.sched_getaffinity(0))))
         self._env = envpool.make(
             env_id,
             env_type="gymnasium",
             num_envs=num_envs,
-            batch_size=self.batch_size,
+            batch_size=num_envs,
             seed=seed,
             render_mode="rgb_array" if self._render else None,
             **kwargs,
