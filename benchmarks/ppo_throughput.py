@@ -145,19 +145,17 @@ def audit_rows(variant: str, num_envs: int, steps: int, repeats: int) -> list[di
     from jaxwm.envs.families import envpool_kwargs, infer_family
 
     config = load_config(variant)
-    family = infer_family(config.env.id)
+    env = make_env(config.env, num_envs=num_envs, seed=0)
+    actions = random_actions(env.spec, steps, np.random.default_rng(0))
     timings = {}
     for render in (True, False):
         raw = envpool_make(config.env.id, env_type="gymnasium", num_envs=num_envs,
                            batch_size=num_envs, seed=0, render_mode="rgb_array" if render else None,
-                           **envpool_kwargs(family, config.env))
-        actions = random_actions(make_env(config.env, 1, 0).spec, steps, np.random.default_rng(0))
-        actions = actions[:, :1].repeat(num_envs, axis=1)
+                           **envpool_kwargs(infer_family(config.env.id), config.env))
         raw.reset()
         timings[f"envpool step, render_mode={'rgb_array' if render else None}"] = timed(
-            lambda raw=raw, actions=actions: [raw.step(a) for a in actions], repeats)
+            lambda raw=raw: [raw.step(a) for a in actions], repeats)
         raw.close()
-    env = make_env(config.env, num_envs=num_envs, seed=0)
     env.reset()
     timings["jaxwm env.step (casts, obs transform)"] = timed(
         lambda: [env.step(a) for a in actions], repeats)
@@ -361,9 +359,9 @@ def main() -> None:
     goals = goal_rows(rows, solve, hw["backend"], args.quick)
     rows += goals
 
-    columns = ["env", "measurement", "loop_form", "envs", "steps_per_s", "over_first", "compile_s", "collect_s",
-               "update_s", "ppo_over_raw_xla", "peak_mem_mib", "wall_s", "env_steps", "eval_return",
-               "solved", "reference", "ratio", "goal", "verdict"]
+    columns = ["env", "measurement", "loop_form", "envs", "steps_per_s", "over_first", "compile_s",
+               "collect_s", "update_s", "ppo_over_raw_xla", "peak_mem_mib", "wall_s", "env_steps",
+               "eval_return", "solved", "reference", "ratio", "goal", "verdict"]
     write_results("ppo_throughput", rows, hw, notes_for(args, hw, rows) + goal_notes(goals),
                   columns=columns, quick=args.quick)
 

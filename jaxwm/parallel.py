@@ -19,6 +19,7 @@ import os
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 DATA_AXIS = "data"
@@ -90,9 +91,6 @@ def replicate(tree, mesh: Mesh):
 
 def allgather(tree):
     """Every process's value of ``tree`` (numpy, leading axis = process index)."""
-    if jax.process_count() == 1:
-        return jax.tree.map(lambda x: np.asarray(x)[None], tree)
-    from jax.experimental import multihost_utils
     return multihost_utils.process_allgather(tree)
 
 
