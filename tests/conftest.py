@@ -9,6 +9,13 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# On a GPU, JAX preallocates 75% of the device's memory when its backend starts. The suite runs
+# one process per core (pytest-xdist), so the second worker on one GPU would find no memory
+# left. Allocate on demand instead. Set here, before any test starts a JAX backend (the variable
+# is read then), and in os.environ, so the subprocesses of _run_script and the CLI tests inherit
+# it. setdefault: a value the user set wins, as does XLA_PYTHON_CLIENT_MEM_FRACTION if set.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 
 def _run_script(script: str, devices: int | None = None) -> dict:
     """Runs ``script`` (formatted with ``root``, the repository) in a fresh Python, on

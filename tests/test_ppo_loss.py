@@ -6,6 +6,7 @@ import numpy as np
 import optax
 import pytest
 
+from jaxwm import backend
 from jaxwm.agents import ppo
 from jaxwm.nets.actor_critic import ActorCritic
 from jaxwm.nets.distributions import Categorical, DiagGaussian
@@ -128,13 +129,25 @@ def test_update_lowers_loss_and_loop_forms_agree(loop_form, discrete):
     batch = ppo.prepare_batch(h, rollout)
     loss_before = ppo.loss_fn(params, net, h, batch)[0]
     update = ppo.make_update(net, h, optimizer, loop_form)
-    new, metrics = update(learner, rollout, jax.random.PRNGKey(2))
+    # The loop forms are compared at exact float32 matmul precision, on every backend. At a GPU's
+    # default (TF32, see jaxwm.backend) an intermediate that the forms compute one float32 ulp
+    # apart can round to TF32 values ~5e-4 apart; where such a difference is comparable to
+    # Adam's eps (1e-5) in a gradient component, that component's step changes by up to ~lr,
+    # so parameters could differ by ~1e-2: a TF32 tolerance would say nothing about the loop
+    # forms. At float32 what differs is summation order and fusion:
+    # float32_tolerance() (1e-5, ~150 roundings of 2**-24) relative, and absolute that fraction
+    # of the most Adam can move a parameter (~lr per step, 8 steps). Measured on CPU: 6e-8 at
+    # most, against atol 8e-7 (before: rtol 1e-4, atol 1e-6).
+    with jax.default_matmul_precision("float32"):
+        new, metrics = update(learner, rollout, jax.random.PRNGKey(2))
+        reference, _ = ppo.make_update(net, h, optimizer, "scan")(
+            fresh(), rollout, jax.random.PRNGKey(2))
+        tol = backend.float32_tolerance()
     loss_after = ppo.loss_fn(new.params, net, h, batch)[0]
     assert float(loss_after) < float(loss_before)
     assert set(metrics) >= {"losses/policy_loss", "losses/value_loss", "losses/approx_kl"}
-    reference, _ = ppo.make_update(net, h, optimizer, "scan")(
-        fresh(), rollout, jax.random.PRNGKey(2))
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+    reach = h.update_epochs * h.num_minibatches * cfg["learning_rate"]
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=tol, atol=tol * reach),
                  new.params, reference.params)
 
 
