@@ -16,6 +16,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # it. setdefault: a value the user set wins, as does XLA_PYTHON_CLIENT_MEM_FRACTION if set.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+# The suite checks mathematics, so it runs float32 matmuls and convolutions exactly on every
+# backend (jaxwm.backend's precision policy: training keeps XLA's default, TF32 on a GPU). Its
+# tolerances are float32 ones (backend.float32_tolerance()); under TF32 an input that two equal
+# programs compute one ulp apart rounds ~5e-4 apart, and Adam turns that into parameter changes
+# of order the learning rate. JAX reads the variable when it is imported, which is after this.
+# To run the suite at a GPU's default precision instead: JAX_DEFAULT_MATMUL_PRECISION=default.
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "float32")
+
 
 def _run_script(script: str, devices: int | None = None) -> dict:
     """Runs ``script`` (formatted with ``root``, the repository) in a fresh Python, on

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jaxwm.config
-from jaxwm import train
+from jaxwm import backend, train
 from jaxwm.agents import sac
 from jaxwm.algos import sac as sac_algo
 from jaxwm.config import ConfigError
@@ -112,9 +112,13 @@ def test_scanned_updates_equal_single_updates():
         k_sample, k_step = jax.random.split(k)
         one, m = sac.update_step(nets, hyper, one, sample(data, k_sample), k_step)
         losses.append(float(m["losses/q_loss"]))
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+    # Same arithmetic in another loop form: float32 roundings only (backend.float32_tolerance;
+    # the suite runs at exact float32, see conftest). Absolute: that fraction of Adam's reach,
+    # ~lr per step over 3 steps.
+    tol = backend.float32_tolerance()
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=tol, atol=tol * 3 * hyper.critic_lr),
                  scanned, one)
-    assert float(metrics["losses/q_loss"]) == pytest.approx(np.mean(losses), rel=1e-4)
+    assert float(metrics["losses/q_loss"]) == pytest.approx(np.mean(losses), rel=tol)
 
 
 def test_online_sac_runs_end_to_end_and_resumes(tmp_path):
