@@ -12,17 +12,27 @@ On the current backend, at the same number of envs (``--envs``, default 8):
 4. the wall time of the default CartPole job (``jaxwm.train.run``, in this process: compile
    and evaluation included, Python imports not), its env steps and final eval return;
 5. comparisons with the reference figures of REFERENCE.md for this machine class, with the
-   project's goals marked pass/fail.
+   project's goals marked pass/fail;
+6. scaling rows, Breakout at ``--scale-envs`` (default 8, 64, 128) envs N: the limits, raw
+   envpool synchronous (N envs) and asynchronous (2N envs, batches of N; XLA scan, random
+   actions), then PPO on a synchronous pool of N and on an asynchronous pool of 2N in batches
+   of N (``env.batch_size``; the same rollout and update sizes), each over both limits;
+7. processes 1 vs 2 (``jaxwm.launch``), Breakout at 8 envs in all: ``charts/SPS`` of the
+   training loop's log windows after the first (compile), median.
 
     python benchmarks/ppo_throughput.py               # full (~5-10 min on 2 CPU cores)
     python benchmarks/ppo_throughput.py --skip-scan   # without the rolled-scan Breakout row
-    python benchmarks/ppo_throughput.py --quick       # smoke run (~30-60 s; not a measurement)
+    python benchmarks/ppo_throughput.py --quick       # smoke run (~1-2 min; not a measurement)
+    python benchmarks/ppo_throughput.py --only-scale  # just the rows of 6 and 7
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -43,6 +53,7 @@ import jaxwm.config
 from jaxwm import train
 from jaxwm.agents.ppo import resolve_loop_form
 from jaxwm.envs import make_env
+from jaxwm.loop.metrics import read_jsonl
 
 CONFIG_FILE = os.path.join(ROOT, "configs", "ppo.py")
 ENVS = {"cartpole": "CartPole-v1", "atari": "Breakout-v5"}
@@ -105,14 +116,18 @@ def random_actions(spec, steps: int, rng: np.random.Generator) -> np.ndarray:
     return rng.uniform(spec.action_low, spec.action_high, shape + spec.action_shape).astype(np.float32)
 
 
-def raw_env(variant: str, num_envs: int, steps: int, repeats: int) -> dict[str, Timing]:
-    """Timings of ``steps`` random-action steps of every env, host path and XLA-scan path."""
+def raw_env(variant: str, num_envs: int, steps: int, repeats: int,
+            host: bool = True) -> dict[str, Timing]:
+    """Timings of ``steps`` random-action steps of every env, host path (if ``host``) and
+    XLA-scan path."""
     config = load_config(variant)
     env = make_env(config.env, num_envs=num_envs, seed=0)
     actions = random_actions(env.spec, steps, np.random.default_rng(0))
+    timings = {}
     try:
-        env.reset()
-        host = timed(lambda: [env.step(a) for a in actions], repeats)
+        if host:
+            env.reset()
+            timings["host"] = timed(lambda: [env.step(a) for a in actions], repeats)
 
         carry = {"handle": env.xla_reset()[0]}
         xla_actions = jnp.asarray(actions)
@@ -128,10 +143,100 @@ def raw_env(variant: str, num_envs: int, steps: int, repeats: int) -> dict[str, 
             carry["handle"], rewards = rollout(carry["handle"], xla_actions)
             return rewards
 
-        xla = timed(run_xla, repeats)
+        timings["xla"] = timed(run_xla, repeats)
     finally:
         env.close()
-    return {"host": host, "xla": xla}
+    return timings
+
+
+def raw_async(variant: str, num_envs: int, batch_size: int, steps: int, repeats: int) -> Timing:
+    """Timing of ``steps`` recv/send rounds of an asynchronous pool (``batch_size`` of
+    ``num_envs`` envs per round, random actions) inside a jitted ``lax.scan``."""
+    config = load_config(variant)
+    env = make_env(config.env, num_envs=num_envs, seed=0, batch_size=batch_size)
+    spec = dataclasses.replace(env.spec, num_envs=batch_size)
+    actions = jnp.asarray(random_actions(spec, steps, np.random.default_rng(0)))
+    carry = {"handle": env.xla_async_reset()}
+
+    @jax.jit
+    def rounds(handle, acts):
+        def body(h, a):
+            h, ids, result = env.xla_recv(h)
+            return env.xla_send(h, a, ids), result.reward
+        return jax.lax.scan(body, handle, acts)
+
+    def run():
+        carry["handle"], rewards = rounds(carry["handle"], actions)
+        return rewards
+
+    try:
+        return timed(run, repeats)
+    finally:
+        env.close()
+
+
+def scale_rows(args) -> list[dict]:
+    """Breakout at each of ``args.scale_envs``: raw synchronous and asynchronous limits, PPO
+    on a synchronous pool of N and an asynchronous pool of 2N in batches of N, with ratios."""
+    rows = []
+    repeats = 1 if args.quick else args.repeats
+    for n in args.scale_envs:
+        steps = max(16, (32 if args.quick else 2048) // n)
+        limits = {"sync": raw_env("atari", n, steps, repeats, host=False)["xla"],
+                  "async": raw_async("atari", 2 * n, n, steps, repeats)}
+        sps = {k: steps * n / t.median for k, t in limits.items()}
+        for kind, label in (("sync", f"raw envpool sync, {n} envs"),
+                            ("async", f"raw envpool async, {2 * n} envs in batches of {n}")):
+            rows.append({"env": ENVS["atari"], "measurement": f"limit: {label}", "envs": n,
+                         "steps_per_s": sps[kind], "compile_s": limits[kind].compile_s,
+                         "samples_s": limits[kind].samples})
+            print(f"Breakout {label}: {sps[kind]:,.0f} steps/s", flush=True)
+        for pool, overrides in (("sync", {"env.num_envs": n}),
+                                ("async", {"env.num_envs": 2 * n, "env.batch_size": n})):
+            if args.quick:
+                overrides["ppo.num_steps"] = 32
+            config = load_config("atari", **overrides)
+            result = ppo_end_to_end(config, 0.0 if args.quick else args.window,
+                                    1 if args.quick else args.scale_repeats, args.max_iterations)
+            what = "PPO, sync pool" if pool == "sync" else f"PPO, async pool ({2 * n} envs)"
+            rows.append({"env": ENVS["atari"], "measurement": what, "loop_form": "auto", "envs": n,
+                         **result, "over_sync_limit": result["steps_per_s"] / sps["sync"],
+                         "over_async_limit": result["steps_per_s"] / sps["async"]})
+            print(f"Breakout {what}, batches of {n}: {result['steps_per_s']:,.0f} steps/s",
+                  flush=True)
+    return rows
+
+
+def process_rows(args) -> list[dict]:
+    """Breakout PPO through ``jaxwm.launch`` with 1 and 2 processes (8 envs in all): median
+    ``charts/SPS`` of the log windows after the first, which holds compilation."""
+    rows = []
+    iterations = 3 if args.quick else 12
+    steps = (32 if args.quick else 128) * args.envs
+    for processes in (1, 2):
+        with tempfile.TemporaryDirectory() as workdir:
+            command = [sys.executable, "-m", "jaxwm.launch", f"--num_processes={processes}", "--",
+                       f"--config={CONFIG_FILE}:atari", f"--workdir={workdir}/run",
+                       f"--config.env.num_envs={args.envs}", "--config.log.progress=False",
+                       f"--config.ppo.num_steps={steps // args.envs}",
+                       f"--config.total_env_steps={iterations * steps}",
+                       f"--config.log.every={steps} env_steps", "--config.eval.at_end=False",
+                       "--config.eval.every=never", "--config.checkpoint.every=never"]
+            start = time.perf_counter()
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+            wall = time.perf_counter() - start
+            if done.returncode:
+                raise RuntimeError(f"{processes} processes failed:\n{done.stderr[-3000:]}")
+            windows = [r["charts/SPS"] for r in read_jsonl(os.path.join(workdir, "run",
+                                                                        "metrics.jsonl"))
+                       if "charts/SPS" in r][1:]
+        sps = statistics.median(windows)
+        rows.append({"env": ENVS["atari"], "measurement": f"PPO, {processes} process(es) "
+                     "(jaxwm.launch)", "loop_form": "auto", "envs": args.envs, "steps_per_s": sps,
+                     "wall_s": wall, "env_steps": iterations * steps, "samples_s": windows})
+        print(f"Breakout PPO, {processes} process(es): {sps:,.0f} steps/s", flush=True)
+    rows[1]["over_first"] = rows[1]["steps_per_s"] / rows[0]["steps_per_s"]
+    return rows
 
 
 def audit_rows(variant: str, num_envs: int, steps: int, repeats: int) -> list[dict]:
@@ -337,10 +442,24 @@ def main() -> None:
     p.add_argument("--window", type=float, default=10.0,
                    help="seconds each steady-state window lasts at least (default 10)")
     p.add_argument("--max-iterations", type=int, default=5000, help="cap on iterations per window")
+    p.add_argument("--scale-envs", type=lambda s: [int(n) for n in s.split(",")],
+                   default=[8, 64, 128], help="env counts of the scaling rows (default 8,64,128)")
+    p.add_argument("--scale-repeats", type=int, default=2,
+                   help="windows per PPO scaling row (default 2: 64+ envs take ~30 s per iteration "
+                        "on 2 cores)")
+    p.add_argument("--only-scale", action="store_true",
+                   help="only the scaling and process rows (written to ppo_scaling_<backend>)")
     args = p.parse_args()
     hw = hardware()
     repeats = 1 if args.quick else args.repeats
+    if args.quick:
+        args.scale_envs = [8]
 
+    if args.only_scale:
+        rows = scale_rows(args) + process_rows(args)
+        write_results("ppo_scaling", rows, hw, scale_notes(args), columns=SCALE_COLUMNS,
+                      quick=args.quick)
+        return
     rows = []
     for variant, raw_steps in (("cartpole", 256 if args.quick else 8192),
                                ("atari", 32 if args.quick else 256)):
@@ -358,12 +477,35 @@ def main() -> None:
         rows.append(solve)
     goals = goal_rows(rows, solve, hw["backend"], args.quick)
     rows += goals
+    scaling = scale_rows(args) + process_rows(args)
 
     columns = ["env", "measurement", "loop_form", "envs", "steps_per_s", "over_first", "compile_s",
                "collect_s", "update_s", "ppo_over_raw_xla", "peak_mem_mib", "wall_s", "env_steps",
                "eval_return", "solved", "reference", "ratio", "goal", "verdict"]
     write_results("ppo_throughput", rows, hw, notes_for(args, hw, rows) + goal_notes(goals),
                   columns=columns, quick=args.quick)
+    write_results("ppo_scaling", scaling, hw, scale_notes(args), columns=SCALE_COLUMNS,
+                  quick=args.quick)
+
+
+SCALE_COLUMNS = ["env", "measurement", "loop_form", "envs", "steps_per_s", "over_first",
+                 "compile_s", "collect_s", "update_s", "over_sync_limit", "over_async_limit",
+                 "peak_mem_mib", "wall_s", "env_steps"]
+
+
+def scale_notes(args) -> list[str]:
+    return [
+        "envs: the batch each step acts on (N). Limits: random actions in a jitted lax.scan; "
+        "sync: N envs stepped together; async: 2N envs, recv of the first N ready, send.",
+        "PPO rows: configs/ppo.py:atari (128 steps per env row, 4 x 4 minibatches); the async "
+        "pool has env.num_envs=2N, env.batch_size=N, so rollouts and updates are the same size; "
+        f"median of {1 if args.quick else args.scale_repeats} windows of >= {args.window} s after "
+        "compilation; over_*_limit: PPO steps/s over that limit's.",
+        "Process rows: python -m jaxwm.launch --num_processes=P, Breakout, "
+        f"{args.envs} envs in all (each process steps its share; the update all-reduces "
+        "over gloo); steps_per_s: median charts/SPS of the log windows after the first "
+        "(one per iteration); wall_s includes start-up and compilation; over_first: 2 vs 1.",
+    ]
 
 
 if __name__ == "__main__":

@@ -28,6 +28,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.num_envs = 8
     c.env.max_episode_steps = 0  # 0: the env's registered limit
     c.env.masked_indices = ()  # vector observations: dims set to 0 (velocity masking)
+    # envpool's asynchronous mode (PPO): each step returns the batch_size envs ready first,
+    # out of num_envs. 0: all envs, synchronously (jaxwm/envs/factory.py).
+    c.env.batch_size = 0
+    c.env.num_threads = 0  # envpool's worker threads; 0: its default (async: min(batch, cores))
 
     c.phase_order = ("train",)
     c.phases = ml_collections.ConfigDict()
@@ -64,6 +68,11 @@ def _require(condition: bool, message: str) -> None:
 
 def validate_common(c: ml_collections.ConfigDict) -> None:
     _require(c.env.num_envs > 0, f"env.num_envs must be > 0, got {c.env.num_envs}.")
+    _require(0 <= c.env.batch_size <= c.env.num_envs,
+             f"env.batch_size={c.env.batch_size} must be in [0, env.num_envs={c.env.num_envs}]:"
+             " an asynchronous pool returns batch_size of its num_envs envs per step (0: all "
+             "of them, synchronously).")
+    _require(c.env.num_threads >= 0, "env.num_threads must be >= 0 (0: envpool's default).")
     _require(c.eval.num_envs > 0, f"eval.num_envs must be > 0, got {c.eval.num_envs}.")
     _require(c.eval.num_episodes > 0, "eval.num_episodes must be > 0.")
     _require(c.total_env_steps > 0, f"total_env_steps must be > 0, got {c.total_env_steps}.")

@@ -216,6 +216,7 @@ def test_every_variant_runs_a_few_iterations(tmp_path, variant, overrides):
     (["--config.phases.train.hooks=('colect',)"], 1, "Did you mean 'collect'?"),
     (["--config.eval.temperature=-1"], 1, "eval.temperature must be >= 0"),
     (["--config.log.every=5000"], 1, "write 'N unit'"),
+    (["--config.env.batch_size=16"], 1, "must be in [0, env.num_envs=8]"),
 ])
 def test_cli_rejects_bad_settings_in_one_line(tmp_path, args, returncode, message):
     workdir = str(tmp_path / "run")

@@ -25,6 +25,16 @@ parameters replicated; each minibatch is constrained to the same sharding, so XL
 per-device gradients and all-reduces them (GSPMD). One device and N devices therefore run the
 same mathematics and agree to float tolerance.
 
+Asynchronous env pools (``collect_from_pool``): envpool returns ``B`` of its ``N`` envs per
+step, whichever finished first. The stream of ``T`` such batches is put back into per-env
+time order by a stable sort on the env id; each record's successor in its env supplies the
+reward, flags and ``V(s_{t+1})`` of its action, and the env's last record in the rollout,
+whose action is still being executed, is masked out (one transition per env and rollout).
+GAE is cut at each env's last transition (bootstrapped from ``V`` of its pending
+observation, like the end of a synchronous rollout) and at the end of each of the ``B`` rows
+of ``T`` the sorted stream is cut into (bootstrapped likewise). Memoryless networks only: a
+memory backbone would need each env's carry across the interleaving.
+
 Minibatches are drawn over sequences: feed-forward networks see every step as its own
 length-1 sequence (CleanRL's flat shuffle); recurrent backbones keep whole env trajectories
 and shuffle environments, never time (REFERENCE.md), starting from the rollout's first carry.
@@ -42,7 +52,7 @@ from flax import struct
 
 from jaxwm import backend
 from jaxwm.config import ConfigError
-from jaxwm.envs.stats import episode_metrics
+from jaxwm.envs.stats import EpisodeStats, episode_metrics
 from jaxwm.ops.normalize import RunningMeanStd
 from jaxwm.ops.returns import gae
 
@@ -86,6 +96,21 @@ class Actor:
     carry: Any
     discounted_return: jax.Array  # for reward normalisation
     stats: Any  # envs.EpisodeStats
+
+
+@struct.dataclass
+class PoolActor:
+    """Per-env state of ``collect_from_pool``, indexed by env id, ``[num_envs]``: the flags
+    and statistics ``Actor`` keeps, without an observation (each ``recv`` brings its own)."""
+
+    prev_done: jax.Array
+    discounted_return: jax.Array
+    stats: Any  # envs.EpisodeStats
+
+    @classmethod
+    def create(cls, num_envs: int) -> PoolActor:
+        return cls(prev_done=jnp.zeros(num_envs, bool), discounted_return=jnp.zeros(num_envs),
+                   stats=EpisodeStats.create(num_envs))
 
 
 @struct.dataclass
@@ -162,28 +187,15 @@ def collect(
 
     def step(carry, step_key):
         actor, env_state, obs_rms, return_rms = carry
-        raw_obs = actor.obs
-        if hyper.normalize_obs:
-            obs_rms = obs_rms.update(raw_obs.astype(jnp.float32))
-            obs = obs_rms.normalize(raw_obs)
-        else:
-            obs = raw_obs
-        net_carry, dist, value = network.apply(
-            learner.params, actor.carry, obs[:, None], actor.is_first[:, None]
-        )
-        action = dist.sample(step_key)[:, 0]
-        log_prob = dist.log_prob(action[:, None])[:, 0]
+        obs_rms, obs, net_carry, action, log_prob, value = _act(
+            network, hyper, learner.params, actor.carry, actor.obs, actor.is_first, obs_rms,
+            step_key)
         env_state, res = env_step(env_state, action)
-
-        reward = res.reward
-        discounted = actor.discounted_return
-        if hyper.normalize_reward:
-            discounted = discounted * hyper.gamma * (1.0 - actor.prev_done) + res.reward
-            return_rms = return_rms.update(discounted)
-            reward = return_rms.scale(res.reward)
+        discounted, return_rms, reward = _scale_reward(
+            hyper, actor.discounted_return, actor.prev_done, res.reward, return_rms)
         stats, completed = actor.stats.update(res)
         transition = dict(
-            obs=obs, action=action, log_prob=log_prob, value=value[:, 0], reward=reward,
+            obs=obs, action=action, log_prob=log_prob, value=value, reward=reward,
             terminated=res.terminated, truncated=res.truncated, valid=~actor.prev_done,
             is_first=actor.is_first,
         )
@@ -207,6 +219,113 @@ def collect(
 
     learner = learner.replace(obs_rms=obs_rms, return_rms=return_rms)
     return learner, actor, env_state, rollout, episode_metrics(completed)
+
+
+def _act(network, hyper: PPOHyper, params, carry, raw_obs, is_first, obs_rms, key):
+    """One acting step on a batch: ``(obs_rms, obs as the network saw it, carry, action,
+    log_prob, value)``, the statistics updated with ``raw_obs`` first."""
+    if hyper.normalize_obs:
+        obs_rms = obs_rms.update(raw_obs.astype(jnp.float32))
+        obs = obs_rms.normalize(raw_obs)
+    else:
+        obs = raw_obs
+    carry, dist, value = network.apply(params, carry, obs[:, None], is_first[:, None])
+    action = dist.sample(key)[:, 0]
+    log_prob = dist.log_prob(action[:, None])[:, 0]
+    return obs_rms, obs, carry, action, log_prob, value[:, 0]
+
+
+def _scale_reward(hyper: PPOHyper, discounted, prev_done, reward, return_rms):
+    """CleanRL's reward normalisation: ``reward`` divided by the running std of each env's
+    discounted return (restarted after ``prev_done``). ``(discounted, return_rms, reward)``."""
+    if not hyper.normalize_reward:
+        return discounted, return_rms, reward
+    discounted = discounted * hyper.gamma * (1.0 - prev_done) + reward
+    return_rms = return_rms.update(discounted)
+    return discounted, return_rms, return_rms.scale(reward)
+
+
+def collect_from_pool(
+    network,
+    hyper: PPOHyper,
+    recv: Callable,
+    send: Callable,
+    learner: Learner,
+    actor: PoolActor,
+    handle: Any,
+    key: jax.Array,
+):
+    """``collect`` for an asynchronous env pool: ``num_steps`` rounds of ``recv`` (a batch of
+    ``B`` ready envs), act, ``send``, as one ``lax.scan``; the stream becomes a ``Rollout`` of
+    ``B`` rows by ``rollout_from_stream`` (module docstring). ``recv(handle) -> (handle,
+    env_ids, StepResult)`` and ``send(handle, action, env_ids) -> handle`` are
+    ``EnvPoolEnv.xla_recv``/``xla_send``. Memoryless networks only. Returns ``(learner,
+    actor, handle, rollout, metrics)`` like ``collect``."""
+
+    def step(carry, step_key):
+        actor, handle, obs_rms, return_rms = carry
+        handle, ids, res = recv(handle)
+        # The row is the result of env ``ids``'s previous action: its bookkeeping, per env...
+        discounted, return_rms, reward = _scale_reward(
+            hyper, actor.discounted_return[ids], actor.prev_done[ids], res.reward, return_rms)
+        stats, completed = jax.tree.map(lambda x: x[ids], actor.stats).update(res)
+        # ... and the observation to act on now.
+        n = ids.shape[0]
+        obs_rms, obs, _, action, log_prob, value = _act(
+            network, hyper, learner.params, network.initialize_carry(n), res.obs,
+            jnp.zeros(n, bool), obs_rms, step_key)
+        handle = send(handle, action, ids)
+        scatter = lambda every, these: every.at[ids].set(these)  # noqa: E731
+        actor = PoolActor(prev_done=scatter(actor.prev_done, res.done),
+                          discounted_return=scatter(actor.discounted_return, discounted),
+                          stats=jax.tree.map(scatter, actor.stats, stats))
+        record = dict(env_id=ids, obs=obs, action=action, log_prob=log_prob, value=value,
+                      reward=reward, terminated=res.terminated, truncated=res.truncated,
+                      done=res.done)
+        return (actor, handle, obs_rms, return_rms), (record, completed)
+
+    keys = jax.random.split(key, hyper.num_steps)
+    init = (actor, handle, learner.obs_rms, learner.return_rms)
+    (actor, handle, obs_rms, return_rms), (records, completed) = jax.lax.scan(step, init, keys)
+    rows = records["env_id"].shape[1]
+    rollout = rollout_from_stream(records, network.initialize_carry(rows))
+    learner = learner.replace(obs_rms=obs_rms, return_rms=return_rms)
+    return learner, actor, handle, rollout, episode_metrics(completed)
+
+
+def rollout_from_stream(records: dict[str, jax.Array], initial_carry: Any = ()) -> Rollout:
+    """An asynchronous pool's records ``[T, B]`` (time-major; each has ``env_id``, the
+    ``obs``/``action``/``log_prob``/``value`` of acting, and ``reward``/``terminated``/
+    ``truncated``/``done`` of the env's previous action) -> a ``Rollout`` ``[B, T]`` of
+    transitions in per-env time order.
+
+    Record ``k``'s transition takes its reward, flags and ``next_value`` from the env's next
+    record; it is valid when that record is in the stream and record ``k`` was not an
+    episode's final observation (envpool's reset transition). GAE is cut after the env's
+    last transition with a result and at every row end (``truncated``: bootstrapped, not
+    terminal); ``gae`` restarts at row ends by itself.
+    """
+    steps, rows = records["env_id"].shape
+    flat = jax.tree.map(lambda x: x.reshape((steps * rows,) + x.shape[2:]), records)
+    order = jnp.argsort(flat["env_id"], stable=True)  # per env, still in time order
+    s = jax.tree.map(lambda x: x[order], flat)
+
+    def following(x, fill):  # the next record's x; ``fill`` after the last
+        return jnp.concatenate([x[1:], jnp.full((1,) + x.shape[1:], fill, x.dtype)])
+
+    has_result = following(s["env_id"], -1) == s["env_id"]
+    cut = ~has_result | ~following(has_result, False)  # no result, or the next has none
+    transitions = dict(
+        obs=s["obs"], action=s["action"], log_prob=s["log_prob"], value=s["value"],
+        reward=jnp.where(has_result, following(s["reward"], 0), 0.0),
+        terminated=has_result & following(s["terminated"], False),
+        truncated=(has_result & following(s["truncated"], False)) | cut,
+        valid=has_result & ~s["done"],
+        is_first=jnp.zeros_like(has_result),
+        next_value=jnp.where(has_result, following(s["value"], 0), 0.0),
+    )
+    transitions = jax.tree.map(lambda x: x.reshape((rows, steps) + x.shape[1:]), transitions)
+    return Rollout(**transitions, initial_carry=initial_carry)
 
 
 # ----------------------------------------------------------------------------- update

@@ -23,6 +23,13 @@ acted (stored in the rollout), and the clipping bounds the step from that policy
 collect after a start or a resume runs in the foreground (nothing is in flight yet), so a
 resumed async run is not bit-identical to an uninterrupted one; the synchronous default is.
 
+Asynchronous env pool (``env.batch_size`` = B < ``env.num_envs``): envpool steps every env
+on its own and each collect step acts on the B that are ready (``ppo.collect_from_pool``), so
+slow envs do not hold up the batch and env stepping overlaps acting. A rollout is
+``num_steps`` such batches (B x ``num_steps`` env steps, B rows for minibatching and
+sharding); memoryless networks, one process and one seed. It combines with
+``ppo.async_collect``, which overlaps collection with the update instead.
+
 The learning rate anneals to 0 over ``ppo.anneal_env_steps`` (by default the run's
 ``total_env_steps``, fixed when the run starts), never over the budget of a resumed run: a
 resume with another ``total_env_steps`` is refused where that would move the schedule (the
@@ -55,6 +62,8 @@ from jaxwm.nets.actor_critic import make_actor_critic
 from jaxwm.nets.distributions import sample_at_temperature
 from jaxwm.ops.normalize import RunningMeanStd
 
+ASYNC_ENVS = True  # steps envpool's asynchronous pools (jaxwm.runner checks)
+
 
 @struct.dataclass
 class PPOState:
@@ -62,10 +71,21 @@ class PPOState:
     actor: ppo.Actor
 
 
+def pool_is_async(config) -> bool:
+    """Whether the training pool is asynchronous: it returns ``env.batch_size`` of its
+    ``env.num_envs`` envs per step (0 or ``num_envs``: all, synchronously)."""
+    return 0 < config.env.batch_size < config.env.num_envs
+
+
+def rollout_rows(config) -> int:
+    """Env rows per rollout (over all processes): the envs, or an async pool's batch."""
+    return config.env.batch_size if pool_is_async(config) else config.env.num_envs
+
+
 def anneal_iterations(config) -> int:
     """Iterations over which the learning rate anneals (if it does)."""
     return max(1, math.ceil(config.ppo.anneal_env_steps /
-                            (config.env.num_envs * config.ppo.num_steps)))
+                            (rollout_rows(config) * config.ppo.num_steps)))
 
 
 def validate(config) -> None:
@@ -73,9 +93,22 @@ def validate(config) -> None:
     backbones.validate(config.network)
     p, num_envs = config.ppo, config.env.num_envs
     recurrent = config.network.backbone != "ff" or config.network.frames > 1
-    sequences = num_envs if recurrent else num_envs * p.num_steps
-    what = "env.num_envs (memory backbones shuffle whole envs, never time)" if recurrent else \
-        "env.num_envs * ppo.num_steps"
+    rows = rollout_rows(config)
+    sequences = rows if recurrent else rows * p.num_steps
+    envs = "env.batch_size" if pool_is_async(config) else "env.num_envs"
+    what = f"{envs} (memory backbones shuffle whole envs, never time)" if recurrent else \
+        f"{envs} * ppo.num_steps"
+    if pool_is_async(config):
+        if recurrent:
+            raise ConfigError(
+                f"env.batch_size={config.env.batch_size} < env.num_envs={num_envs} (envpool's "
+                "asynchronous mode) interleaves the envs, which a memory backbone "
+                f"({config.network.backbone}, frames={config.network.frames}) cannot follow: "
+                "use network.backbone=ff with frames=1, or env.batch_size=0.")
+        if config.num_seeds > 1 or jax.process_count() > 1:
+            raise ConfigError("An asynchronous env pool (env.batch_size < env.num_envs) runs "
+                              "one seed in one process; set env.batch_size=0 for num_seeds > 1 "
+                              "or several processes.")
     if p.num_steps <= 0 or p.num_minibatches <= 0 or p.update_epochs <= 0:
         raise ConfigError("ppo.num_steps, ppo.num_minibatches and ppo.update_epochs must be > 0.")
     if p.anneal_lr and p.anneal_env_steps < config.total_env_steps:
@@ -101,6 +134,9 @@ def validate(config) -> None:
         raise ConfigError(f"num_devices={config.num_devices}: a multi-process run uses every "
                           f"device of every process ({jax.device_count()}); leave it at 0.")
     num_devices = config.num_devices or jax.device_count()
+    if pool_is_async(config) and rows % num_devices:
+        raise ConfigError(f"env.batch_size={rows} rows do not shard over {num_devices} devices;"
+                          " make it a multiple, or set --config.num_devices.")
     if (sequences // p.num_minibatches) % num_devices:
         raise ConfigError(f"A minibatch holds {sequences // p.num_minibatches} sequences, which "
                           f"does not split over {num_devices} devices; change ppo.num_minibatches"
@@ -166,7 +202,10 @@ def build(config) -> Algorithm:
     processes, process = jax.process_count(), jax.process_index()
     num_envs = config.env.num_envs // processes
     # With several seeds, one pool holds every seed's envs in turn (``loop.seeds``).
-    env = make_env(config.env, num_envs=num_seeds * num_envs, seed=config.seed + process * num_envs)
+    env = make_env(config.env, num_envs=num_seeds * num_envs, seed=config.seed + process * num_envs,
+                   batch_size=config.env.batch_size if pool_is_async(config) else 0,
+                   num_threads=config.env.num_threads)
+    rows = env.batch_size if env.is_async else num_envs
     spec = env.spec
     network = make_actor_critic(spec, config.network)
     hyper = ppo.PPOHyper.from_config(config.ppo, recurrent=network.has_memory)
@@ -191,6 +230,10 @@ def build(config) -> Algorithm:
     env_handle = {"handle": None}  # the one host-held, non-checkpointed piece (see loop docs)
 
     def fresh_actor():
+        if env.is_async:
+            env_handle["handle"] = env.xla_async_reset()
+            actor = ppo.PoolActor.create(num_envs)
+            return jax.device_put(actor, env_device) if multi_device else actor
         env_handle["handle"], first = env.xla_reset()
         n = num_envs
         actor = over_seeds(lambda obs: ppo.Actor(
@@ -203,8 +246,12 @@ def build(config) -> Algorithm:
         return jax.device_put(actor, env_device) if multi_device else actor
 
     def collect_one(learner, actor, handle, key):
-        learner, actor, handle, rollout, metrics = ppo.collect(
-            network, hyper, env_step, learner, actor, handle, key)
+        if env.is_async:
+            learner, actor, handle, rollout, metrics = ppo.collect_from_pool(
+                network, hyper, env.xla_recv, env.xla_send, learner, actor, handle, key)
+        else:
+            learner, actor, handle, rollout, metrics = ppo.collect(
+                network, hyper, env_step, learner, actor, handle, key)
         return (learner.obs_rms, learner.return_rms), actor, handle, rollout, metrics
 
     collect_vmapped = over_seeds(collect_one, in_axes=(0, 0, None, 0), out_axes=(0, 0, None, 0, 0))
@@ -214,7 +261,9 @@ def build(config) -> Algorithm:
         if config.ppo.async_collect else None
 
     def new_learner(key, actor):
-        params = network.init(key, actor.carry, actor.obs[:, None], actor.is_first[:, None])
+        del actor  # only shapes matter to the initialisation
+        obs = jnp.zeros((rows, 1, *spec.obs_shape), spec.obs_dtype)
+        params = network.init(key, network.initialize_carry(rows), obs, jnp.ones((rows, 1), bool))
         return ppo.Learner(params=params, opt_state=optimizer.init(params),
                            obs_rms=RunningMeanStd.create(spec.obs_shape),
                            return_rms=RunningMeanStd.create(()))
@@ -285,7 +334,7 @@ def build(config) -> Algorithm:
         init=init,
         hooks={
             # Counted per seed: each agent's own experience (loop.seeds).
-            "collect": Hook(collect_hook, counts={"env_steps": num_envs * hyper.num_steps},
+            "collect": Hook(collect_hook, counts={"env_steps": rows * hyper.num_steps},
                             writes=("rollout",)),
             "update_agent": Hook(update_hook, reads=("rollout",), counts={
                 "agent_updates": hyper.update_epochs * hyper.num_minibatches}),

@@ -2,10 +2,19 @@
 
 Both paths run the same post-processing (``families.transform_obs`` and ``_to_result``), so a
 rollout through ``xla_step`` inside ``lax.scan`` returns exactly what ``step`` returns on the
-host for the same seed and actions. The pool is synchronous (``batch_size == num_envs``) and
-uses envpool's Gymnasium API, whose ``terminated``/``truncated`` are passed through unchanged
-(envpool sets ``truncated`` when ``max_episode_steps`` is reached, ``terminated`` otherwise).
+host for the same seed and actions. The pool is synchronous (``batch_size == num_envs``)
+unless built with a smaller ``batch_size`` (below), and uses envpool's Gymnasium API, whose
+``terminated``/``truncated`` are passed through unchanged (envpool sets ``truncated`` when
+``max_episode_steps`` is reached, ``terminated`` otherwise).
 Auto-reset is envpool's; see ``jaxwm.envs.types``.
+
+Asynchronous pools (``make_env(..., batch_size=B)`` with ``B < num_envs``; envpool's async
+mode): every env steps on its own thread as soon as it has an action, and ``xla_recv`` returns
+the first ``B`` envs to finish, with their ids, whichever they are; ``xla_send`` hands those
+envs their actions. ``xla_async_reset`` starts all of them. The synchronous calls (``step``,
+``xla_step``, ``reset``, ``xla_reset``) refuse such a pool. Within one ``recv`` the ids are
+distinct (an env is not ready again before its action is sent); across ``recv``s envs appear
+unevenly. ``jaxwm.agents.ppo.collect_from_pool`` turns that stream back into trajectories.
 
 Actions: discrete actions are cast to int32. Continuous actions are cast to float32 and
 **clipped to the action space's [low, high]** before they are sent, on both paths, so a
@@ -27,6 +36,7 @@ boundary; the rest of the program stays 32-bit.
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from collections.abc import Mapping
 from types import ModuleType
@@ -58,8 +68,13 @@ _NO_RENDER_FAMILIES = ("mujoco", "dmc")
 
 
 def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
-             render: bool = False) -> EnvPoolEnv:
-    """Build a synchronous envpool batch of ``num_envs`` copies of ``env_config.id``.
+             render: bool = False, batch_size: int = 0, num_threads: int = 0) -> EnvPoolEnv:
+    """Build an envpool batch of ``num_envs`` copies of ``env_config.id``: synchronous, or
+    asynchronous returning ``batch_size`` envs per ``recv`` if ``0 < batch_size < num_envs``.
+
+    ``num_threads``: envpool's worker threads; 0 leaves envpool's default (one per env of a
+    batch) for a synchronous pool and takes ``min(batch_size, cores)`` for an asynchronous
+    one, whose threads compete with the learner for the cores.
 
     ``render``: build envpool's renderer, for an env that records video (evaluation). Off
     for training envs: envpool's ``render_mode="rgb_array"`` keeps a full-size RGB frame per
@@ -77,9 +92,16 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}.")
     family = infer_family(str(env_id))
+    if not 0 <= batch_size <= num_envs:
+        raise ConfigError(f"batch_size={batch_size} must be in [0, num_envs={num_envs}] "
+                          "(0: all envs, synchronous).")
     masked = tuple(int(i) for i in env_config.get("masked_indices", ()) or ())
-    return EnvPoolEnv(str(env_id), family, num_envs, seed, envpool_kwargs(family, env_config),
-                      masked, render=render)
+    kwargs = envpool_kwargs(family, env_config)
+    batch_size = batch_size or num_envs
+    if num_threads or batch_size < num_envs:
+        kwargs["num_threads"] = num_threads or min(batch_size, os.cpu_count() or 1)
+    return EnvPoolEnv(str(env_id), family, num_envs, seed, kwargs, masked, render=render,
+                      batch_size=batch_size)
 
 
 def require_continuous_vectors(env: EnvPoolEnv, who: str) -> EnvPoolEnv:
@@ -103,14 +125,16 @@ class EnvPoolEnv:
     """A vectorised envpool env with numpy (host) and jittable (XLA) step functions."""
 
     def __init__(self, env_id: str, family: str, num_envs: int, seed: int, kwargs: dict[str, Any],
-                 masked: tuple[int, ...] = (), *, render: bool = False) -> None:
+                 masked: tuple[int, ...] = (), *, render: bool = False,
+                 batch_size: int | None = None) -> None:
         self._family = family
         self._render = render and family not in _NO_RENDER_FAMILIES
+        self.batch_size = batch_size or num_envs
         self._env = envpool.make(
             env_id,
             env_type="gymnasium",
             num_envs=num_envs,
-            batch_size=num_envs,
+            batch_size=self.batch_size,
             seed=seed,
             render_mode="rgb_array" if self._render else None,
             **kwargs,
@@ -136,6 +160,8 @@ class EnvPoolEnv:
         )
         self._xla_handle: np.ndarray | None = None
         self._xla_step_fn: Any = None
+        self._xla_recv_fn: Any = None
+        self._xla_send_fn: Any = None
         self._mask = None
         if masked:
             size = self.spec.obs_shape[0] if len(self.spec.obs_shape) == 1 else None
@@ -188,8 +214,25 @@ class EnvPoolEnv:
 
     # ---- host path ----------------------------------------------------------------------------
 
+    @property
+    def is_async(self) -> bool:
+        """Whether ``recv`` returns fewer than all envs (envpool's asynchronous mode)."""
+        return self.batch_size < self.spec.num_envs
+
+    def _require_sync(self, call: str) -> None:
+        if self.is_async:
+            raise RuntimeError(f"{call}() steps every env at once; this pool is asynchronous "
+                               f"(batch_size={self.batch_size} < num_envs={self.spec.num_envs}):"
+                               " use xla_async_reset/xla_recv/xla_send.")
+
+    def _require_async(self, call: str) -> None:
+        if not self.is_async:
+            raise RuntimeError(f"{call}() is for asynchronous pools (make_env(..., "
+                               "batch_size=B) with B < num_envs); this one is synchronous.")
+
     def reset(self) -> StepResult:
         """Reset every env; reward 0 and all flags False."""
+        self._require_sync("reset")
         obs, _ = self._env.reset()
         zeros = np.zeros(self.spec.num_envs, np.float32)
         falses = np.zeros(self.spec.num_envs, bool)
@@ -204,6 +247,7 @@ class EnvPoolEnv:
 
     def step(self, actions: Any) -> StepResult:
         """Step every env with ``actions`` (shape ``[num_envs, *action_shape]``)."""
+        self._require_sync("step")
         action = self._prepare_action(actions, np).astype(self._action_dtype)
         obs, reward, terminated, truncated, info = self._env.step(action)
         return self._to_result(np, obs, reward, terminated, truncated, info)
@@ -236,14 +280,47 @@ class EnvPoolEnv:
 
         The handle must be threaded through ``xla_step`` (e.g. as part of a scan carry).
         """
-        if self._xla_step_fn is None:
-            with self._x64_scope():  # the custom call's buffer dtypes are fixed here
-                self._xla_handle, _, _, self._xla_step_fn = self._env.xla()
+        self._require_sync("xla_reset")
+        self._build_xla()
         first = self.reset()
         return jnp.asarray(self._xla_handle), jax.tree.map(jnp.asarray, first)
 
+    def _build_xla(self) -> None:
+        if self._xla_step_fn is None:
+            with self._x64_scope():  # the custom call's buffer dtypes are fixed here
+                self._xla_handle, self._xla_recv_fn, self._xla_send_fn, self._xla_step_fn = \
+                    self._env.xla()
+
+    def xla_async_reset(self) -> jax.Array:
+        """Host call, asynchronous pools: reset every env and return the XLA handle. Each
+        env's first observation comes from a later ``xla_recv`` (reward 0, flags False)."""
+        self._require_async("xla_async_reset")
+        self._build_xla()
+        self._env.async_reset()
+        return jnp.asarray(self._xla_handle)
+
+    def xla_recv(self, handle: jax.Array) -> tuple[jax.Array, jax.Array, StepResult]:
+        """Asynchronous pools, jittable: waits for ``batch_size`` envs and returns
+        ``(handle, env_ids [batch_size] int32, StepResult)``; each row is the result of that
+        env's last action (``step``'s semantics, per env), or its first observation."""
+        self._require_async("xla_recv")
+        with self._x64_scope():
+            handle, (obs, reward, terminated, truncated, info) = self._xla_recv_fn(handle)
+            obs, reward = jax.tree.map(
+                lambda x: x.astype(jnp.float32) if x.dtype == jnp.float64 else x, (obs, reward))
+        env_ids = info["env_id"].astype(jnp.int32)
+        return handle, env_ids, self._to_result(jnp, obs, reward, terminated, truncated, info)
+
+    def xla_send(self, handle: jax.Array, actions: jax.Array, env_ids: jax.Array) -> jax.Array:
+        """Asynchronous pools, jittable: sends ``actions`` to the envs ``env_ids`` (those the
+        last ``xla_recv`` returned), which start stepping at once."""
+        action = self._prepare_action(actions, jnp)
+        with self._x64_scope():
+            return self._xla_send_fn(handle, action.astype(self._action_dtype), env_ids)
+
     def xla_step(self, handle: jax.Array, actions: jax.Array) -> tuple[jax.Array, StepResult]:
         """Pure, jittable step: same semantics and outputs as ``step``, on jax arrays."""
+        self._require_sync("xla_step")
         if self._xla_step_fn is None:
             raise RuntimeError("Call env.xla_reset() before env.xla_step().")
         action = self._prepare_action(actions, jnp)
