@@ -60,7 +60,6 @@ def test_a_train_ratio_the_hooks_cannot_meet_is_refused():
 @pytest.mark.parametrize("override, message", [
     ({"dreamer.model_size": "3m"}, "does not exist"),
     ({"env.pixels": True}, "dm_control"),
-    ({"env.id": "crafter"}, "pip install crafter"),
     ({"dreamer.prefill": 5}, "prefill"),
 ])
 def test_bad_input_is_refused_before_compiling(override, message):

@@ -260,8 +260,7 @@ def build(config) -> Algorithm:
     background = BackgroundCollect(backend.jit(collect_vmapped)) \
         if config.ppo.async_collect else None
 
-    def new_learner(key, actor):
-        del actor  # only shapes matter to the initialisation
+    def new_learner(key):  # from example inputs: only their shapes matter
         obs = jnp.zeros((rows, 1, *spec.obs_shape), spec.obs_dtype)
         params = network.init(key, network.initialize_carry(rows), obs, jnp.ones((rows, 1), bool))
         return ppo.Learner(params=params, opt_state=optimizer.init(params),
@@ -273,7 +272,7 @@ def build(config) -> Algorithm:
 
     def init(key):
         actor = fresh_actor()
-        learner = over_seeds(new_learner)(key, actor)
+        learner = over_seeds(new_learner)(key)
         if multi_device:
             learner = parallel.replicate(learner, mesh)
         return PPOState(learner, actor)

@@ -2,7 +2,7 @@
 
 See ``factory`` for the step semantics, ``families`` for observation layouts per family and
 ``stats`` for how episode returns and lengths are counted, ``transitions`` for off-policy
-collection.
+collection, ``host`` for Python-package envs (Crafter) behind the same interface.
 """
 
 from jaxwm.envs.factory import EnvPoolEnv, make_env, require_continuous_vectors

@@ -56,6 +56,7 @@ from jaxwm.envs.families import (
     infer_family,
     transform_obs,
 )
+from jaxwm.envs.host import HOST_ENVS, HostEnv
 from jaxwm.envs.types import EnvSpec, StepResult
 
 # envpool builds float64 gymnasium Boxes that gymnasium narrows to float32, warning once per
@@ -68,7 +69,8 @@ _NO_RENDER_FAMILIES = ("mujoco", "dmc")
 
 
 def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
-             render: bool = False, batch_size: int = 0, num_threads: int = 0) -> EnvPoolEnv:
+             render: bool = False, batch_size: int = 0,
+             num_threads: int = 0) -> EnvPoolEnv | HostEnv:
     """Build an envpool batch of ``num_envs`` copies of ``env_config.id``: synchronous, or
     asynchronous returning ``batch_size`` envs per ``recv`` if ``0 < batch_size < num_envs``.
 
@@ -81,6 +83,9 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
     env and step, about 25% of raw Atari throughput on 2 cores (``benchmarks/ppo_throughput.py``,
     the env-path audit rows).
 
+    Ids of ``jaxwm.envs.host.HOST_ENVS`` (``"crafter"``) are Python packages' envs stepped on
+    the host behind the same interface (``HostEnv``).
+
     ``env_config`` (an ``ml_collections.ConfigDict`` or any mapping) is read with ``.get`` and
     defaults, so partially filled configs work; fields are documented in
     ``jaxwm.envs.families.envpool_kwargs``. Raises ``UnknownEnvError`` for an id envpool does
@@ -91,6 +96,11 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
         raise UnknownEnvError("env_config.id is required, e.g. 'CartPole-v1' or 'Breakout-v5'.")
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}.")
+    if str(env_id).lower() in HOST_ENVS:  # a Python package's env (jaxwm.envs.host)
+        if 0 < batch_size < num_envs:
+            raise ConfigError(f"{env_id} runs on the host and has no asynchronous mode; set "
+                              "env.batch_size=0.")
+        return HOST_ENVS[str(env_id).lower()](env_config, num_envs, seed)
     family = infer_family(str(env_id))
     if not 0 <= batch_size <= num_envs:
         raise ConfigError(f"batch_size={batch_size} must be in [0, num_envs={num_envs}] "
