@@ -20,7 +20,10 @@ Crafter (``env.id = "crafter"``, ``pip install crafter``; jaxwm's optional extra
 Atari's, 17 discrete actions, episodes of at most 10,000 steps (``env.max_episode_steps``
 changes that). Death ends an episode with discount 0 (``terminated``), the length limit with
 discount 1 (``truncated``). The reward is Crafter's: +1 per achievement unlocked for the
-first time in the episode, and +-0.1 per unit of health gained or lost.
+first time in the episode, and +-0.1 per unit of health gained or lost. Crafter 1.8.3 is not
+bit-reproducible from its seed: every 10 steps it balances creatures per chunk by iterating a
+``set`` of objects, whose order follows memory addresses, so two worlds with one seed can
+differ in a few creatures.
 """
 
 from __future__ import annotations
