@@ -17,7 +17,7 @@ import pytest
 from jaxwm.config import ConfigError, base_config
 from jaxwm.loop import metrics as metrics_module
 from jaxwm.loop.algorithm import Algorithm, Hook
-from jaxwm.loop.checkpoint import IncompatibleCheckpointError
+from jaxwm.loop.checkpoint import IncompatibleCheckpointError, config_differences
 from jaxwm.loop.metrics import Histogram, Image, MetricWindow, Video, read_jsonl
 from jaxwm.loop.phases import Clock, Scheduler, phases_from_config
 from jaxwm.loop.trainer import Trainer
@@ -585,3 +585,13 @@ def test_algorithm_contract_rejects_reserved_names():
         Algorithm(name="x", init=lambda k: {}, hooks={"evaluate": Hook(lambda s, d, k: None)})
     with pytest.raises(ValueError, match="loop's own unit"):
         Hook(lambda s, d, k: None, counts={"iterations": 1})
+
+
+def test_a_key_added_after_the_run_started_differs_only_off_its_default():
+    """Resuming a run saved before the library grew env.batch_size: the default is no change;
+    any other value is."""
+    saved = {"env": {"id": "CartPole-v1"}, "seed": 1}
+    assert config_differences(saved, {"env": {"id": "CartPole-v1", "batch_size": 0}, "seed": 1}) == []
+    assert config_differences(saved, {"env": {"id": "CartPole-v1", "batch_size": 4}, "seed": 1}) == [
+        "env.batch_size: saved '<absent>', now 4"]
+    assert config_differences({**saved, "seed": 1}, {"env": {"id": "CartPole-v1"}, "seed": 2})

@@ -54,10 +54,19 @@ def _flatten(d, prefix=""):
 
 
 def config_differences(saved: dict, current: dict) -> list[str]:
+    """``"key: saved a, now b"`` for every setting that differs. A key the run's saved config
+    lacks is no difference when it holds ``base_config()``'s default: the library added it
+    after the run started, and the default keeps the old behaviour (e.g. ``env.batch_size``)."""
+    from jaxwm.config import base_config
+
     saved_flat, current_flat = _flatten(saved), _flatten(current)
+    added_later = _flatten(config_to_json_dict(base_config()))
     diffs = []
     for key in sorted(set(saved_flat) | set(current_flat)):
         if key.split(".")[0] in RESUMABLE_KEYS:
+            continue
+        if key not in saved_flat and key in added_later and \
+                json.dumps(current_flat[key]) == json.dumps(added_later[key]):
             continue
         a, b = saved_flat.get(key, "<absent>"), current_flat.get(key, "<absent>")
         if json.dumps(a, default=str) != json.dumps(b, default=str):
