@@ -57,6 +57,12 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
+def pool_is_async(c: ml_collections.ConfigDict) -> bool:
+    """Whether ``c.env`` asks for envpool's asynchronous mode: ``env.batch_size`` of the
+    ``env.num_envs`` envs per step (0 or ``num_envs``: all, synchronously)."""
+    return 0 < c.env.batch_size < c.env.num_envs
+
+
 class ConfigError(ValueError):
     """A config value the user set is invalid; the message says which and what to do."""
 

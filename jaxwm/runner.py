@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from jaxwm import algos
-from jaxwm.config import ConfigError, validate_common
+from jaxwm.config import ConfigError, pool_is_async, validate_common
 
 
 def default_workdir(config) -> str:
@@ -16,7 +16,7 @@ def default_workdir(config) -> str:
 def validate(config) -> None:
     validate_common(config)
     module = algos.get(config.algo)
-    if 0 < config.env.batch_size < config.env.num_envs and not getattr(module, "ASYNC_ENVS", False):
+    if pool_is_async(config) and not getattr(module, "ASYNC_ENVS", False):
         raise ConfigError(f"env.batch_size={config.env.batch_size} < env.num_envs asks for "
                           f"envpool's asynchronous mode, which only PPO uses; {config.algo} "
                           "steps its envs synchronously: set env.batch_size=0.")

@@ -52,7 +52,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxwm import backend, parallel
 from jaxwm.agents import ppo
-from jaxwm.config import ConfigError
+from jaxwm.config import ConfigError, pool_is_async
 from jaxwm.envs import EpisodeStats, make_env
 from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import Algorithm, Hook, Policy
@@ -69,12 +69,6 @@ ASYNC_ENVS = True  # steps envpool's asynchronous pools (jaxwm.runner checks)
 class PPOState:
     learner: ppo.Learner
     actor: ppo.Actor
-
-
-def pool_is_async(config) -> bool:
-    """Whether the training pool is asynchronous: it returns ``env.batch_size`` of its
-    ``env.num_envs`` envs per step (0 or ``num_envs``: all, synchronously)."""
-    return 0 < config.env.batch_size < config.env.num_envs
 
 
 def rollout_rows(config) -> int:
@@ -203,8 +197,7 @@ def build(config) -> Algorithm:
     num_envs = config.env.num_envs // processes
     # With several seeds, one pool holds every seed's envs in turn (``loop.seeds``).
     env = make_env(config.env, num_envs=num_seeds * num_envs, seed=config.seed + process * num_envs,
-                   batch_size=config.env.batch_size if pool_is_async(config) else 0,
-                   num_threads=config.env.num_threads)
+                   batch_size=config.env.batch_size, num_threads=config.env.num_threads)
     rows = env.batch_size if env.is_async else num_envs
     spec = env.spec
     network = make_actor_critic(spec, config.network)

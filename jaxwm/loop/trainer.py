@@ -184,7 +184,7 @@ class Trainer:
         state = self.algorithm.on_restore(state, saved)
         key = jnp.asarray(np.asarray(loop["key"], np.uint32))
         self.say(f"Resumed from {self.checkpointer.directory} at step "
-                   f"{self.scheduler.calls} ({self.scheduler.describe()}).")
+                 f"{self.scheduler.calls} ({self.scheduler.describe()}).")
         return state, key, True
 
     def _save(self, state, key, force=False):
@@ -311,12 +311,12 @@ class Trainer:
                         early = " (ended early: until=" + phase.until + ")" \
                             if sched.ended_early[phase.name] else ""
                         say(f"Phase {phase.name!r} done at step {sched.calls} "
-                                   f"({sched.describe()}){early}.")
+                            f"({sched.describe()}){early}.")
 
                     if flow:  # passed data in flight: a checkpoint now could not resume
                         if stop.signal and not announced:
                             say(f"{stop.signal} received: running the hooks that still "
-                                       f"read {sorted(flow)} before saving.")
+                                f"read {sorted(flow)} before saving.")
                             announced = True
                         continue
                     # Several processes stop together, at the same call (else the others
@@ -339,9 +339,9 @@ class Trainer:
 
                 interrupted = stopping and not sched.finished
                 if interrupted:
-                    say(f"{stop.signal or 'A signal'} received: saving a checkpoint at step {sched.calls} "
-                               f"({sched.describe()}) and exiting; resume with "
-                               "--config.resume=True.")
+                    say(f"{stop.signal or 'A signal'} received: saving a checkpoint at step "
+                        f"{sched.calls} ({sched.describe()}) and exiting; resume with "
+                        "--config.resume=True.")
                     if sched.calls > window_start[2]:
                         log()  # what ran since the last log step
                 check_finite()
