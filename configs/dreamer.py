@@ -4,6 +4,7 @@ python -m jaxwm.train --config=configs/dreamer.py:debug          # a minute on a
 python -m jaxwm.train --config=configs/dreamer.py:cartpole       # size1m, vector CartPole
 python -m jaxwm.train --config=configs/dreamer.py:atari100k --config.env.id=Pong-v5
 python -m jaxwm.train --config=configs/dreamer.py:dmc_proprio --config.env.id=WalkerWalk-v1
+python -m jaxwm.train --config=configs/dreamer.py:dmc_vision --config.env.id=CheetahRun-v1
 
 Values follow the official danijar/dreamerv3 ``configs.yaml`` (checked against it): batch
 16 x 64, lr 4e-5, AGC 0.3, warm-up 1000, imagination 15, horizon 333 (gamma 1 - 1/333),
@@ -11,6 +12,8 @@ lambda 0.95, actor entropy 3e-4, slow critic 0.02 / regulariser 1.0, return perc
 5-95 with rate 0.01. ``atari100k``: 110k steps, 1 env, train_ratio 256, 64x64 RGB, action
 repeat 4, no sticky actions, 30 no-ops, lives unused, rewards unclipped, the minimal action
 set. ``dmc_proprio``: size1m, 16 envs, train_ratio 1024, 1.1M steps, no action repeat.
+``dmc_vision``: 64x64 RGB only (no proprioception; dm_control renders it), 16 envs,
+train_ratio 256, 1.1M steps, no action repeat.
 ``crafter``: 1 env, train_ratio 512, 1.1M steps. Model size: ``--config.dreamer.model_size``
 (1m, 12m, 25m, 50m, 100m, 200m, 400m); jaxwm's default is 12m, the official one 200m,
 which needs a large accelerator.
@@ -128,7 +131,10 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
     elif variant == "dmc_vision":
         c.env.id = "WalkerWalk-v1"
         c.env.num_envs = 16
-        c.env.pixels = True  # refused by validate: envpool does not render DMC here
+        # From pixels only, through dm_control's renderer (jaxwm/envs/dmc_pixels.py; pip
+        # install -e '.[dmc]' and an OpenGL backend): 64x64, camera 0, no action repeat.
+        c.env.pixels = True
+        c.env.update(img_height=64, img_width=64, camera=-1, frame_skip=1)
         c.total_env_steps = 1_100_000
         c.dreamer = dreamer_block(train_ratio=256.0, capacity=70_000)
     else:  # crafter

@@ -39,7 +39,7 @@ from jaxwm import backend, parallel
 from jaxwm.agents import imagination, optim
 from jaxwm.config import ConfigError
 from jaxwm.data import replay
-from jaxwm.envs import EpisodeStats, episode_metrics, host, make_env
+from jaxwm.envs import EpisodeStats, check_available, episode_metrics, make_env
 from jaxwm.loop import phases
 from jaxwm.loop.algorithm import Algorithm, Hook, Policy
 from jaxwm.loop.metrics import Video
@@ -113,19 +113,9 @@ def _hook_repeats(hooks) -> dict:
     return out
 
 
-# Env sources DreamerV3 has configs for that envpool does not provide here: what each needs.
-NOT_PROVIDED = {
-    "pixels": "DMC from pixels needs MuJoCo rendering, which envpool does not do: it needs "
-              "dm_control's renderer (pip install dm_control; MUJOCO_GL=egl on a GPU machine, "
-              "osmesa on a CPU one), and jaxwm has no dm_control adapter yet. Use dmc_proprio.",
-}
-
-
 def validate(config) -> None:
     d = config.dreamer
-    if config.env.get("pixels", False):
-        raise ConfigError(NOT_PROVIDED["pixels"])
-    host.check_available(config.env.id)
+    check_available(config.env)
     num_devices = config.num_devices or jax.device_count()
     checks = [
         (config.num_seeds == 1, "num_seeds > 1 is not supported by dreamer yet (PPO has it): "

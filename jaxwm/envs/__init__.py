@@ -2,10 +2,11 @@
 
 See ``factory`` for the step semantics, ``families`` for observation layouts per family and
 ``stats`` for how episode returns and lengths are counted, ``transitions`` for off-policy
-collection, ``host`` for Python-package envs (Crafter) behind the same interface.
+collection, ``host`` for Python-package envs (Crafter) behind the same interface, and
+``dmc_pixels`` for DMC tasks from pixels (dm_control's renderer) through it.
 """
 
-from jaxwm.envs.factory import EnvPoolEnv, make_env, require_continuous_vectors
+from jaxwm.envs.factory import EnvPoolEnv, check_available, make_env, require_continuous_vectors
 from jaxwm.envs.families import UnknownEnvError
 from jaxwm.envs.stats import EpisodeStats, episode_metrics
 from jaxwm.envs.types import EnvSpec, StepResult
@@ -16,6 +17,7 @@ __all__ = [
     "EpisodeStats",
     "StepResult",
     "UnknownEnvError",
+    "check_available",
     "episode_metrics",
     "make_env",
     "require_continuous_vectors",

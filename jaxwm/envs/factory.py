@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxwm.config import ConfigError
+from jaxwm.envs import dmc_pixels, host
 from jaxwm.envs.families import (
     UnknownEnvError,
     dummy_obs,
@@ -84,7 +85,8 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
     the env-path audit rows).
 
     Ids of ``jaxwm.envs.host.HOST_ENVS`` (``"crafter"``) are Python packages' envs stepped on
-    the host behind the same interface (``HostEnv``).
+    the host behind the same interface (``HostEnv``), and so are DMC tasks with
+    ``env_config.pixels`` (``jaxwm.envs.dmc_pixels``: dm_control renders them).
 
     ``env_config`` (an ``ml_collections.ConfigDict`` or any mapping) is read with ``.get`` and
     defaults, so partially filled configs work; fields are documented in
@@ -96,12 +98,16 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
         raise UnknownEnvError("env_config.id is required, e.g. 'CartPole-v1' or 'Breakout-v5'.")
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}.")
+    pixels = bool(env_config.get("pixels", False))
+    if (str(env_id).lower() in HOST_ENVS or pixels) and 0 < batch_size < num_envs:
+        raise ConfigError(f"{env_id}{' from pixels' * pixels} runs on the host and has no "
+                          "asynchronous mode; set env.batch_size=0.")
     if str(env_id).lower() in HOST_ENVS:  # a Python package's env (jaxwm.envs.host)
-        if 0 < batch_size < num_envs:
-            raise ConfigError(f"{env_id} runs on the host and has no asynchronous mode; set "
-                              "env.batch_size=0.")
         return HOST_ENVS[str(env_id).lower()](env_config, num_envs, seed)
     family = infer_family(str(env_id))
+    if pixels:
+        _require_dmc(str(env_id))
+        return dmc_pixels.make_dmc_pixels(env_config, num_envs, seed)
     if not 0 <= batch_size <= num_envs:
         raise ConfigError(f"batch_size={batch_size} must be in [0, num_envs={num_envs}] "
                           "(0: all envs, synchronous).")
@@ -112,6 +118,21 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
         kwargs["num_threads"] = num_threads or min(batch_size, os.cpu_count() or 1)
     return EnvPoolEnv(str(env_id), family, num_envs, seed, kwargs, masked, render=render,
                       batch_size=batch_size)
+
+
+def check_available(env_config: Mapping[str, Any]) -> None:
+    """Raises a ``ConfigError`` saying what to install if ``env_config`` asks for an env whose
+    Python package or renderer is missing here (for validation, before anything is built)."""
+    if env_config.get("pixels", False):
+        _require_dmc(str(env_config.get("id", "")))
+        dmc_pixels.check_available()
+    host.check_available(env_config.get("id", ""))
+
+
+def _require_dmc(env_id: str) -> None:
+    if env_id.lower() in HOST_ENVS or infer_family(env_id) != "dmc":
+        raise ConfigError(f"env.pixels=True renders DMC tasks with dm_control (e.g. "
+                          f"WalkerWalk-v1, CheetahRun-v1); {env_id} is not one.")
 
 
 def require_continuous_vectors(env: EnvPoolEnv, who: str) -> EnvPoolEnv:

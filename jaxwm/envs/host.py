@@ -13,7 +13,9 @@ statistic built for envpool works unchanged.
 jitted ``lax.scan`` the envs step once per iteration, in order, and the scan's ``handle``
 (a step counter) threads the order through like envpool's. It cannot be vmapped (one host
 pool) and the steps run one after another in Python, so such envs are much slower than
-envpool's C++ threads (Crafter: ~2-3 ms a step on one core).
+envpool's C++ threads (Crafter: ~2-3 ms a step on one core). Every call into the envs runs
+on one thread that owns them (``OwnerThread``), because a renderer's OpenGL context
+(``jaxwm.envs.dmc_pixels``) works only on the thread that made it current.
 
 Crafter (``env.id = "crafter"``, ``pip install crafter``; jaxwm's optional extra
 ``jaxwm[crafter]``): 64x64 RGB observations as uint8 ``(3, 64, 64)`` channels-first like
@@ -28,7 +30,12 @@ differ in a few creatures.
 
 from __future__ import annotations
 
+import atexit
+import queue
+import threading
+import weakref
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from typing import Any
 
 import jax
@@ -42,19 +49,73 @@ from jaxwm.envs.types import EnvSpec, StepResult
 CRAFTER_ACTIONS = 17
 
 
+class OwnerThread:
+    """One daemon thread that runs every call into a set of envs, so that they are made,
+    used and freed on one thread: OpenGL contexts (dm_control's EGL renderer) belong to the
+    thread that made them current, and ``io_callback`` runs its callbacks on XLA's threads.
+    A daemon thread and not a ``ThreadPoolExecutor``: an executor refuses work once the
+    interpreter starts shutting down, which is when unclosed envs are freed."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while (item := self._calls.get()) is not None:
+            function, args, result = item
+            try:
+                result.set_result(function(*args))
+            except BaseException as error:  # handed to the caller
+                result.set_exception(error)
+
+    def call(self, function: Callable, *args: Any) -> Any:
+        """``function(*args)`` on the owner thread; its result, or its exception raised here."""
+        if not self._thread.is_alive():
+            raise RuntimeError(f"{self._thread.name}: these envs were closed.")
+        result: Future = Future()
+        self._calls.put((function, args, result))
+        return result.result()
+
+    def stop(self) -> None:
+        self._calls.put(None)
+        self._thread.join()
+
+
+def _release(owner: OwnerThread, envs: list) -> None:
+    """Closes and drops the envs on their owner thread, then stops it."""
+    def close_all():
+        for env in envs:
+            if hasattr(env, "close"):
+                env.close()
+        envs.clear()
+
+    owner.call(close_all)
+    owner.stop()
+
+
 class HostEnv:
     """``num_envs`` Python envs with the old Gym API (``reset() -> obs``, ``step(a) -> (obs,
     reward, done, info)``, ``info["discount"]`` 0 at a termination), batched on the host.
 
     ``make_one(seed)`` builds one env; ``observe(obs)`` maps its observation to this
-    library's layout."""
+    library's layout. Actions follow ``spec``: an int per env for a discrete space; for a
+    continuous one a float32 vector, clipped to ``[action_low, action_high]`` as
+    ``EnvPoolEnv`` does."""
 
     def __init__(self, spec: EnvSpec, make_one: Callable[[int], Any], seed: int,
                  observe: Callable[[np.ndarray], np.ndarray]) -> None:
         self.spec = spec
         self.batch_size = spec.num_envs
         self.is_async = False
-        self._envs = [make_one(seed + i) for i in range(spec.num_envs)]
+        self._owner = OwnerThread(f"jaxwm-{spec.env_id}")
+        self._envs = self._owner.call(lambda: [make_one(seed + i) for i in range(spec.num_envs)])
+        # Closed on their thread at close(), when this env is collected, or at exit. The
+        # exit hook is registered after the envs exist, so it runs before any exit hook they
+        # registered themselves (atexit runs last in, first out): dm_control frees its OpenGL
+        # contexts at exit from the main thread, which fails unless they were freed already.
+        self._release = weakref.finalize(self, _release, self._owner, self._envs)
+        atexit.register(self._release)
         self._observe = observe
         self._needs_reset = np.ones(spec.num_envs, bool)
         self._last_obs: list[np.ndarray] = [None] * spec.num_envs
@@ -63,6 +124,14 @@ class HostEnv:
 
     def reset(self) -> StepResult:
         """Reset every env; reward 0 and all flags False."""
+        return self._owner.call(self._reset)
+
+    def step(self, actions: Any) -> StepResult:
+        """Step every env with ``actions`` ``[num_envs]``; envs whose last step ended an
+        episode reset instead (their action is ignored)."""
+        return self._owner.call(self._step, actions)
+
+    def _reset(self) -> StepResult:
         obs = np.stack([self._observe(env.reset()) for env in self._envs])
         self._needs_reset[:] = False
         self._last_obs = list(obs)
@@ -70,10 +139,8 @@ class HostEnv:
         return StepResult(obs=obs, reward=zeros, terminated=falses, truncated=falses,
                           episode_over=falses, raw_reward=zeros)
 
-    def step(self, actions: Any) -> StepResult:
-        """Step every env with ``actions`` ``[num_envs]``; envs whose last step ended an
-        episode reset instead (their action is ignored)."""
-        actions = np.asarray(actions).astype(np.int64).reshape(self.spec.num_envs)
+    def _step(self, actions: Any) -> StepResult:
+        actions = self._host_actions(actions)
         n = self.spec.num_envs
         reward = np.zeros(n, np.float32)
         terminated, truncated = np.zeros(n, bool), np.zeros(n, bool)
@@ -82,7 +149,7 @@ class HostEnv:
                 self._last_obs[i] = self._observe(env.reset())
                 self._needs_reset[i] = False
                 continue
-            obs, r, done, info = env.step(int(actions[i]))
+            obs, r, done, info = env.step(actions[i])
             self._last_obs[i] = self._observe(obs)
             reward[i] = r
             terminated[i] = done and float(info.get("discount", 0.0)) == 0.0
@@ -91,6 +158,13 @@ class HostEnv:
         over = terminated | truncated
         return StepResult(obs=np.stack(self._last_obs), reward=reward, terminated=terminated,
                           truncated=truncated, episode_over=over, raw_reward=reward.copy())
+
+    def _host_actions(self, actions: Any) -> list:
+        spec = self.spec
+        if spec.discrete:
+            return [int(a) for a in np.asarray(actions).reshape(spec.num_envs)]
+        actions = np.asarray(actions, np.float32).reshape(spec.num_envs, *spec.action_shape)
+        return list(np.clip(actions, spec.action_low, spec.action_high))
 
     @property
     def can_render(self) -> bool:
@@ -101,7 +175,7 @@ class HostEnv:
         return np.transpose(self._last_obs[0], (1, 2, 0))
 
     def close(self) -> None:
-        self._envs = []
+        self._release()
 
     # ---- XLA path -----------------------------------------------------------------------------
 
@@ -123,8 +197,9 @@ class HostEnv:
         def host_step(_, actions):
             return self.step(actions)
 
-        result = io_callback(host_step, self._result_shapes(), handle,
-                             actions.astype(jnp.int32), ordered=True)
+        dtype = jnp.int32 if self.spec.discrete else jnp.float32
+        result = io_callback(host_step, self._result_shapes(), handle, actions.astype(dtype),
+                             ordered=True)
         return handle + 1, result
 
 
