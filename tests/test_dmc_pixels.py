@@ -100,6 +100,8 @@ def test_frames_follow_the_config_size_camera_and_action_repeat():
     assert repeat.spec.max_episode_steps == 250  # cheetah's 1000 steps / 4
     cameras = [pixel_env(num_envs=1, camera=c).reset().obs for c in (0, 1)]
     assert not np.array_equal(*cameras)
+    with pytest.raises(ConfigError, match="env.camera=9: CheetahRun-v1 has cameras 0..1"):
+        pixel_env(camera=9)
 
 
 def test_pixels_are_refused_for_envs_dm_control_does_not_render():

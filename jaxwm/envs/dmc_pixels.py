@@ -143,12 +143,16 @@ def make_dmc_pixels(env_config: Mapping[str, Any], num_envs: int, seed: int) -> 
     check_available()
     domain, task = dmc_task(env_config["id"])
     size = (int(env_config.get("img_height", 64)), int(env_config.get("img_width", 64)))
+    default_camera = DEFAULT_CAMERAS.get(domain, 0)
     camera = int(env_config.get("camera", -1))
-    camera = DEFAULT_CAMERAS.get(domain, 0) if camera < 0 else camera
+    camera = default_camera if camera < 0 else camera
     repeat = int(env_config.get("frame_skip", 1))
     if repeat < 1:
         raise ConfigError(f"env.frame_skip (action repeat) must be >= 1, got {repeat}.")
     probe = _suite().load(domain, task)
+    if camera >= probe.physics.model.ncam:
+        raise ConfigError(f"env.camera={camera}: {env_config['id']} has cameras 0.."
+                          f"{probe.physics.model.ncam - 1} (-1: the default, {default_camera}).")
     task_limit = math.ceil(probe._step_limit / repeat)  # the task's own limit; no public name
     limit = int(env_config.get("max_episode_steps", 0)) or task_limit
     action = probe.action_spec()

@@ -114,8 +114,8 @@ class HostEnv:
         # exit hook is registered after the envs exist, so it runs before any exit hook they
         # registered themselves (atexit runs last in, first out): dm_control frees its OpenGL
         # contexts at exit from the main thread, which fails unless they were freed already.
-        self._release = weakref.finalize(self, _release, self._owner, self._envs)
-        atexit.register(self._release)
+        self._finalizer = weakref.finalize(self, _release, self._owner, self._envs)
+        atexit.register(self._finalizer)
         self._observe = observe
         self._needs_reset = np.ones(spec.num_envs, bool)
         self._last_obs: list[np.ndarray] = [None] * spec.num_envs
@@ -175,7 +175,7 @@ class HostEnv:
         return np.transpose(self._last_obs[0], (1, 2, 0))
 
     def close(self) -> None:
-        self._release()
+        self._finalizer()
 
     # ---- XLA path -----------------------------------------------------------------------------
 
