@@ -23,8 +23,10 @@ def _renders_here() -> str:
 
 
 # The dev extra (the README's test command, and CI) installs dm_control, and Mesa's EGL renders
-# on a CPU; these skip, saying why, only where one of them is missing.
-needs_renderer = pytest.mark.skipif(bool(_renders_here()), reason=_renders_here())
+# on a CPU; these skip only where one of them is missing, with the error that says what to
+# install (the error itself is tested below, whatever this machine has).
+_NO_RENDERER = _renders_here()
+needs_renderer = pytest.mark.skipif(bool(_NO_RENDERER), reason=_NO_RENDERER)
 
 
 def pixel_env(num_envs=2, seed=0, limit=5, **keys):

@@ -99,11 +99,12 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}.")
     pixels = bool(env_config.get("pixels", False))
-    if (str(env_id).lower() in HOST_ENVS or pixels) and 0 < batch_size < num_envs:
+    host_env = HOST_ENVS.get(str(env_id).lower())  # a Python package's env (jaxwm.envs.host)
+    if (host_env or pixels) and 0 < batch_size < num_envs:
         raise ConfigError(f"{env_id}{' from pixels' * pixels} runs on the host and has no "
                           "asynchronous mode; set env.batch_size=0.")
-    if str(env_id).lower() in HOST_ENVS:  # a Python package's env (jaxwm.envs.host)
-        return HOST_ENVS[str(env_id).lower()](env_config, num_envs, seed)
+    if host_env:
+        return host_env(env_config, num_envs, seed)
     family = infer_family(str(env_id))
     if pixels:
         _require_dmc(str(env_id))
