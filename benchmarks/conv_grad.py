@@ -54,10 +54,11 @@ def make_problem(canonical: bool, batch: int, minibatches: int, seed: int = 0):
         "target": jnp.asarray(rng.normal(size=(minibatches, batch, 1)), jnp.float32),
     }
     reset = jnp.zeros((batch, 1), bool)
-    params = net.init(jax.random.PRNGKey(seed), (), data["obs"][0], reset)
+    carry = net.initialize_carry(batch)  # ((), ()): no frame window, no memory
+    params = net.init(jax.random.PRNGKey(seed), carry, data["obs"][0], reset)
 
     def loss(p, d):
-        _, dist, value = net.apply(p, (), d["obs"], reset)
+        _, dist, value = net.apply(p, carry, d["obs"], reset)
         return (-jnp.mean(dist.log_prob(d["action"])) + 0.5 * jnp.mean((value - d["target"]) ** 2)
                 - 0.01 * jnp.mean(dist.entropy()))
 

@@ -178,3 +178,25 @@ def test_update_resets_flag_only_matters_where_an_episode_starts_mid_sequence():
     mid_start = no_start.at[:, 4].set(True)
     assert loss(no_start, True) == loss(no_start, False)
     assert loss(mid_start, True) != loss(mid_start, False)
+
+
+@pytest.mark.parametrize("steps", [1, 12])  # 1: the query-side form (acting); 12: the standard one
+def test_attention_equals_flax_multi_head_attention(steps):
+    """TrXL's attention (``transformer.Attention``) has flax's parameters and init, and in
+    either of its forms gives flax's ``MultiHeadDotProductAttention`` output."""
+    import flax.linen as nn
+
+    from jaxwm.nets.backbones.transformer import Attention
+
+    batch, keys_len, dim, heads = 3, 7, 16, 2
+    k = jax.random.split(jax.random.PRNGKey(0), 3)
+    queries = jax.random.normal(k[0], (batch, steps, dim))
+    keys = jax.random.normal(k[1], (batch, keys_len, dim))
+    mask = jax.random.bernoulli(k[2], 0.6, (batch, steps, keys_len)).at[..., -1].set(True)
+    flax_attention = nn.MultiHeadDotProductAttention(num_heads=heads, qkv_features=dim)
+    flax_params = flax_attention.init(jax.random.PRNGKey(1), queries, keys, mask=mask[:, None])
+    params = Attention(heads).init(jax.random.PRNGKey(1), queries, keys, mask)
+    jax.tree.map(np.testing.assert_array_equal, params, flax_params)
+    expected = flax_attention.apply(flax_params, queries, keys, mask=mask[:, None])
+    np.testing.assert_allclose(Attention(heads).apply(params, queries, keys, mask), expected,
+                               rtol=1e-5, atol=1e-6)
