@@ -14,14 +14,20 @@ repeat 4, no sticky actions, 30 no-ops, lives unused, rewards unclipped, the min
 set. ``dmc_proprio``: size1m, 16 envs, train_ratio 1024, 1.1M steps, no action repeat.
 ``dmc_vision``: 64x64 RGB only (no proprioception; dm_control renders it), 16 envs,
 train_ratio 256, 1.1M steps, no action repeat.
-``crafter``: 1 env, train_ratio 512, 1.1M steps. Model size: ``--config.dreamer.model_size``
-(1m, 12m, 25m, 50m, 100m, 200m, 400m); jaxwm's default is 12m, the official one 200m,
-which needs a large accelerator.
+``crafter``: 1 env, train_ratio 512, 1.1M steps. Model size: ``--config.model_size``
+(or ``--config.dreamer.model_size``, the same setting): 1m, 12m, 25m, 50m, 100m, 200m,
+400m; jaxwm's default is 12m, the official one 200m, which needs a large accelerator.
 
 Differences, on purpose: ``prefill`` steps of random actions before the first update (the
 official agent acts with its untrained actor from the start and trains as soon as a batch
 exists; prefill = batch_length is the nearest); sequences start from a zero model state
-(the official ``replay_context: 1`` replays a stored one); no replayed-value loss (``repval``).
+(the official ``replay_context: 1`` replays a stored one); no replayed-value loss (``repval``);
+``report_every`` counts updates (the official ``report_every`` counts seconds); the replay
+holds ``capacity`` steps per env, sized to hold each variant's whole run (official: 5e6 steps
+in all); ``debug`` shrinks the widths (deter 16, hidden 8, classes 4, units 16, depth 2) but
+keeps 32 latents, the default layer counts and 8 GRU blocks (the official ``debug`` block
+also cuts the latents to 2, layers to 1 and blocks to 4): it exists to run every code path
+in a minute, and the structure is what the tests exercise.
 
 The train phase's hooks are derived from ``train_ratio`` (``collect:M, update_model:K``;
 ``jaxwm.algos.dreamer.resolve_phases``) unless set.
@@ -144,6 +150,10 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
 
     c.phase_order = ("prefill", "train")
     d = c.dreamer
+    # --config.model_size (the and the official CLI's top-level choice) and
+    # --config.dreamer.model_size are one setting: either sets both.
+    c.model_size = d.model_size
+    d.model_size = c.get_ref("model_size")
     c.phases.prefill = dict(unit="env_steps", duration=d.get_ref("prefill") * c.env.get_ref(
         "num_envs"), hooks=("collect",))
     c.phases.train = dict(unit="env_steps", duration=c.get_ref("total_env_steps")
