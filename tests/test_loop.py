@@ -595,3 +595,23 @@ def test_a_key_added_after_the_run_started_differs_only_off_its_default():
     assert config_differences(saved, {"env": {"id": "CartPole-v1", "batch_size": 4}, "seed": 1}) == [
         "env.batch_size: saved '<absent>', now 4"]
     assert config_differences({**saved, "seed": 1}, {"env": {"id": "CartPole-v1"}, "seed": 2})
+
+
+def test_a_new_name_linked_to_a_saved_setting_is_no_difference():
+    """DreamerV3's ``model_size`` was added as a second name of ``dreamer.model_size`` (one
+    FieldReference): a run saved before it resumes when the saved setting has the same value,
+    and not when it differs."""
+    from jaxwm.config import load
+    from jaxwm.loop.checkpoint import config_to_json_dict, linked_keys
+
+    config = load("configs/dreamer.py:cartpole")
+    linked = linked_keys(config)
+    assert linked["model_size"] == ["dreamer.model_size"]
+    assert "ppo.anneal_env_steps" not in linked_keys(load("configs/ppo.py:cartpole"))  # derived
+    current = config_to_json_dict(config)
+    saved = {**current, "dreamer": dict(current["dreamer"])}
+    del saved["model_size"]  # as written before the name existed
+    assert config_differences(saved, current, linked) == []
+    saved["dreamer"]["model_size"] = "12m"
+    assert config_differences(saved, current, linked) == [
+        "dreamer.model_size: saved '12m', now '1m'", "model_size: saved '<absent>', now '1m'"]

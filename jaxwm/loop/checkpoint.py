@@ -26,6 +26,7 @@ import os
 import shutil
 
 import jax
+import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -53,20 +54,47 @@ def _flatten(d, prefix=""):
     return out
 
 
-def config_differences(saved: dict, current: dict) -> list[str]:
+def linked_keys(config) -> dict[str, list[str]]:
+    """``{key: the other keys linked to it}``: dotted keys of ``config`` that hold one shared
+    ``FieldReference`` (``a = c.get_ref("b")``), i.e. one setting under several names, such as
+    DreamerV3's ``model_size`` and ``dreamer.model_size``. Derived values (a reference times
+    something) are new references and not linked."""
+    groups: dict[int, list[str]] = {}
+
+    def walk(node, prefix):
+        for name, field in node._fields.items():  # the stored fields, references unresolved
+            if isinstance(field, ml_collections.ConfigDict):
+                walk(field, f"{prefix}{name}.")
+            elif isinstance(field, ml_collections.FieldReference):
+                groups.setdefault(id(field), []).append(prefix + name)
+
+    walk(config, "")
+    return {key: [other for other in keys if other != key]
+            for keys in groups.values() if len(keys) > 1 for key in keys}
+
+
+def config_differences(saved: dict, current: dict,
+                       linked: dict[str, list[str]] | None = None) -> list[str]:
     """``"key: saved a, now b"`` for every setting that differs. A key the run's saved config
-    lacks is no difference when it holds ``base_config()``'s default: the library added it
-    after the run started, and the default keeps the old behaviour (e.g. ``env.batch_size``)."""
+    lacks is no difference when it holds ``base_config()``'s default (the library added it
+    after the run started, and the default keeps the old behaviour, e.g. ``env.batch_size``),
+    or when it is another name (``linked``, from ``linked_keys``) of a setting the saved config
+    holds with the same value (e.g. ``model_size``, added as a name of ``dreamer.model_size``)."""
     from jaxwm.config import base_config
 
     saved_flat, current_flat = _flatten(saved), _flatten(current)
     added_later = _flatten(config_to_json_dict(base_config()))
+    linked = linked or {}
     diffs = []
     for key in sorted(set(saved_flat) | set(current_flat)):
         if key.split(".")[0] in RESUMABLE_KEYS:
             continue
         if key not in saved_flat and key in added_later and \
                 json.dumps(current_flat[key]) == json.dumps(added_later[key]):
+            continue
+        if key not in saved_flat and any(
+                other in saved_flat and json.dumps(saved_flat[other]) == json.dumps(current_flat[key])
+                for other in linked.get(key, ())):
             continue
         a, b = saved_flat.get(key, "<absent>"), current_flat.get(key, "<absent>")
         if json.dumps(a, default=str) != json.dumps(b, default=str):
@@ -167,7 +195,7 @@ class Checkpointer:
                     f"Cannot read {self.config_path} ({_first_line(e)}), so this config cannot be "
                     "compared with the run's; remove the file to resume without the comparison, "
                     "or start a new run in another --workdir; nothing was changed.") from None
-            diffs = config_differences(saved, config_to_json_dict(config))
+            diffs = config_differences(saved, config_to_json_dict(config), linked_keys(config))
             if diffs:
                 raise IncompatibleCheckpointError(
                     "Cannot resume: the config differs from the one this run was started with "
