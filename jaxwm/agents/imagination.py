@@ -106,7 +106,8 @@ class ActorCritic:
     hyper: ActorCriticHyper
 
     def init(self, key, feat_dim: int):
-        """{actor, critic} parameters; the slow critic starts as a copy of the critic."""
+        """{actor, critic} parameters (the algorithm starts its slow critic as a copy of the
+        critic: ``algos.dreamer``)."""
         k_actor, k_critic = jax.random.split(key)
         feat = jnp.zeros((1, feat_dim))
         return {"actor": self.actor.init(k_actor, feat), "critic": self.critic.init(k_critic, feat)}

@@ -165,9 +165,11 @@ def _check_spaces(spec) -> None:
             f"{spec.env_id}: images of {spec.obs_shape[1:]} pixels; the DreamerV3 encoder takes "
             f"{rssm.IMAGE_SIZE}x{rssm.IMAGE_SIZE} (set env.img_height and env.img_width to "
             f"{rssm.IMAGE_SIZE}).")
-    if not spec.discrete and len(spec.action_shape) != 1:
-        raise ConfigError(f"{spec.env_id}: dreamer supports discrete actions and flat boxes, "
-                          f"not action shape {spec.action_shape}.")
+    if (not spec.discrete and len(spec.action_shape) != 1) or \
+            (spec.discrete and spec.action_shape != ()):
+        kind = "discrete" if spec.discrete else "box"
+        raise ConfigError(f"{spec.env_id}: dreamer supports one discrete action or a flat box, "
+                          f"not a {kind} action of shape {spec.action_shape}.")
     if len(spec.obs_shape) not in (1, 3):
         raise ConfigError(f"{spec.env_id}: dreamer takes vector or image observations, not "
                           f"shape {spec.obs_shape}.")
