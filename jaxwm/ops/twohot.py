@@ -73,9 +73,9 @@ def decode(logits: chex.Array, bin_positions: chex.Array) -> chex.Array:
     terms = jax.nn.softmax(logits, axis=-1) * bin_positions
     # Add the i-th term from the left to the i-th from the right before summing (as the official
     # code): with symmetric bins and uniform probabilities (a zero-initialised head) the pairs
-    # (nearly) cancel, so the prediction starts at ~1e-9 where a left-to-right sum accumulates
-    # ~2e-7. Not exactly 0: linspace is not exactly symmetric in float32, and under jit XLA may
-    # fuse the multiply and add into an FMA.
+    # (nearly) cancel, so the prediction starts at the bins' exact mean where a left-to-right
+    # sum accumulates ~2e-7. That mean is not exactly 0 (~1e-9 to ~4e-8 by CPU): linspace is
+    # not exactly symmetric in float32; under jit XLA may also fuse into FMAs.
     num_bins = bin_positions.shape[0]
     half = num_bins // 2
     left, right = terms[..., :half], terms[..., num_bins - half :]
