@@ -615,3 +615,29 @@ def test_a_new_name_linked_to_a_saved_setting_is_no_difference():
     saved["dreamer"]["model_size"] = "12m"
     assert config_differences(saved, current, linked) == [
         "dreamer.model_size: saved '12m', now '1m'", "model_size: saved '<absent>', now '1m'"]
+
+
+def test_processes_preparing_one_workdir_at_once_do_not_trip_over_each_other(tmp_path):
+    """Every process of a multi-process run proves the workdir writable at start; with one
+    shared probe-file name one process could delete another's probe (FileNotFoundError, seen
+    in the 2-process test)."""
+    import threading
+
+    from jaxwm.loop.checkpoint import prepare_workdir
+
+    errors = []
+
+    def prepare_many():
+        try:
+            for _ in range(300):
+                prepare_workdir(str(tmp_path / "run"))
+        except Exception as e:  # noqa: BLE001 - any error is the failure
+            errors.append(e)
+
+    threads = [threading.Thread(target=prepare_many) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert os.listdir(tmp_path / "run") == []  # no probe left behind

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 
 import jax
 import ml_collections
@@ -107,13 +108,13 @@ def config_to_json_dict(config) -> dict:
 
 
 def prepare_workdir(workdir: str) -> None:
-    """Creates ``workdir`` and proves it writable, or raises a one-line ConfigError."""
-    probe = os.path.join(workdir, ".jaxwm_write_test")
+    """Creates ``workdir`` and proves it writable, or raises a one-line ConfigError. The probe
+    file has a name of its own: the processes of a multi-process run all prepare the same
+    workdir at once, and with one shared name one could delete another's probe."""
     try:
         os.makedirs(workdir, exist_ok=True)
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
+        with tempfile.NamedTemporaryFile(dir=workdir, prefix=".jaxwm_write_test") as f:
+            f.write(b"ok")
     except OSError as e:
         raise ConfigError(f"--workdir={workdir} cannot be written ({type(e).__name__}: "
                           f"{e.strerror or e}); choose a directory you can write to.") from None
