@@ -125,14 +125,26 @@ def realnvp_row(rows: int, hidden: int, repeats: int) -> dict:
 
 
 def update_flops(batch: int, obs_dim: int, action_dim: int, hidden: int) -> float:
-    """Dense-layer FLOPs of one SAC update (2 per multiply-add; backward = 2x forward):
-    target critics and next action (forward), critics (forward + backward), actor and the
-    critics it is scored by (forward + backward)."""
-    def mlp(inp, out):
-        return 2 * batch * (inp * hidden + hidden * hidden + hidden * out)
+    """Dense-layer FLOPs of one SAC update, 2 per multiply-add. For each layer the forward pass,
+    the weight gradient and the input gradient cost the same; an input gradient is computed only
+    where something upstream needs it (never for the observation):
 
-    actor, critic = mlp(obs_dim, 2 * action_dim), mlp(obs_dim + action_dim, 1)
-    return actor + 2 * critic + 3 * 2 * critic + 3 * (actor + 2 * critic)
+    * targets: actor forward on s', twin target critics forward on (s', a');
+    * critic loss: twin critics forward, weight gradients, input gradients of all but the first
+      layer;
+    * actor loss: actor forward, weight gradients, input gradients of all but the first layer;
+      twin critics forward and input gradients down to the action (their weights are constants
+      there: ``jax.grad`` is taken with respect to the actor only).
+    """
+    def layers(inputs: int, outputs: int) -> list[float]:
+        return [2.0 * batch * n * m for n, m in ((inputs, hidden), (hidden, hidden), (hidden, outputs))]
+
+    actor, critic = layers(obs_dim, 2 * action_dim), layers(obs_dim + action_dim, 1)
+    to_action = 2.0 * batch * action_dim * hidden  # the critic's first layer, action columns
+    targets = sum(actor) + 2 * sum(critic)
+    critic_loss = 2 * (2 * sum(critic) + sum(critic[1:]))
+    actor_loss = 2 * sum(actor) + sum(actor[1:]) + 2 * (sum(critic) + sum(critic[1:]) + to_action)
+    return targets + critic_loss + actor_loss
 
 
 def sac_row(batch: int, hidden: int, num_updates: int, capacity: int, repeats: int) -> dict:
