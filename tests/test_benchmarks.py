@@ -56,15 +56,12 @@ def test_sac_flop_count_matches_xla(benchmark_modules):
     above XLA's total (10% here, 12% at the benchmark's sizes)."""
     offline = benchmark_modules["offline"]
     from jaxwm.agents import sac
-    from jaxwm.data import replay
 
     batch, hidden, obs_dim, action_dim = 64, 64, offline.OBS_DIM, offline.ACTION_DIM
     box = sac.ActionBox(-np.ones(action_dim, np.float32), np.ones(action_dim, np.float32))
     nets = sac.SACNets.create(box, (hidden, hidden), (hidden, hidden))
     hyper = sac.SACHyper(batch_size=batch)
-    data = {k: v[:batch] for k, v in offline.synthetic(batch).items()}
-    data = {"obs": data["obs"], "next_obs": data["next_obs"], "action": data["action"],
-            "reward": data["reward"], "terminated": np.zeros(batch, bool)}
+    data = {**offline.synthetic(batch), "terminated": np.zeros(batch, bool)}
     learner = sac.init_learner(nets, hyper, jax.random.PRNGKey(0), obs_dim)
     step = jax.jit(lambda l, b, k: sac.update_step(nets, hyper, l, b, k))
     cost = step.lower(learner, data, jax.random.PRNGKey(1)).compile().cost_analysis()
