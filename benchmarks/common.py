@@ -182,14 +182,14 @@ def ppo_end_to_end(config, window_s: float, repeats: int, max_iterations: int,
         steps_per_iteration = algo.hooks["collect"].counts["env_steps"]
         sps, collect_s, update_s = [], [], []
         for _ in range(repeats):
-            block(state)
             window = time.perf_counter()
-            for i in range(n):
+            key, sub = seeds.split(key)
+            state, c, u = ppo_iteration(algo, state, sub)  # the window's timed iteration
+            collect_s.append(c)
+            update_s.append(u)
+            for _ in range(n - 1):
                 key, sub = seeds.split(key)
-                state, c, u = ppo_iteration(algo, state, sub, timed=i == 0)
-                if i == 0:
-                    collect_s.append(c)
-                    update_s.append(u)
+                state, _, _ = ppo_iteration(algo, state, sub, timed=False)
             block(state)
             sps.append(n * steps_per_iteration / (time.perf_counter() - window))
         if probe is not None:
