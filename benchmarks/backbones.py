@@ -83,8 +83,9 @@ def load(env_id: str, overrides: dict):
 def update_memory_mib(algo, config, state) -> float:
     """The update step's memory as compiled: the same update PPO runs, lowered on a real
     rollout (see the module docstring)."""
+    from jaxwm import backend
     from jaxwm.agents import ppo
-    from jaxwm.algos.ppo import anneal_iterations
+    from jaxwm.algos.ppo import anneal_updates
     from jaxwm.loop import seeds
     from jaxwm.nets import backbones
     from jaxwm.nets.actor_critic import make_actor_critic
@@ -92,10 +93,11 @@ def update_memory_mib(algo, config, state) -> float:
     # The algorithm's update is a closure: build the same one, then lower it on its inputs.
     network = make_actor_critic(env_spec(config), config.network)
     hyper = ppo.PPOHyper.from_config(config.ppo, recurrent=network.has_memory)
-    optimizer = ppo.make_optimizer(config.ppo, anneal_iterations(config),
+    optimizer = ppo.make_optimizer(config.ppo, anneal_updates(config),
                                    backbones.learning_rate_scale(config.network))
-    update = ppo.make_update(network, hyper, optimizer, ppo.resolve_loop_form("auto"),
-                             over_seeds=config.num_seeds > 1)
+    update = backend.jit(seeds.vmap(ppo.make_update(network, hyper, optimizer,
+                                                    ppo.resolve_loop_form("auto")),
+                                    config.num_seeds), donate_argnums=0)
     key, _ = seeds.split(seeds.loop_key(0, config.num_seeds, config.env.num_envs))
     state, passed, _ = algo.hooks["collect"].fn(state, {}, key)
     analysis = update.lower(state.learner, passed["rollout"], key).compile().memory_analysis()

@@ -31,7 +31,7 @@ from common import hardware, parser, timed, write_results
 
 from jaxwm import backend
 from jaxwm.agents import sac
-from jaxwm.data import replay
+from jaxwm.data.replay import TransitionReplay
 from jaxwm.models import ensemble, realnvp, termination
 from jaxwm.models.dynamics import Normalizer
 
@@ -155,10 +155,10 @@ def sac_row(batch: int, hidden: int, num_updates: int, capacity: int, repeats: i
     data = {"obs": rng.normal(size=(capacity, OBS_DIM)), "next_obs": rng.normal(
         size=(capacity, OBS_DIM)), "action": rng.uniform(-1, 1, (capacity, ACTION_DIM)),
         "reward": rng.normal(size=capacity), "terminated": rng.random(capacity) < 0.001}
-    buffer = replay.ReplayState(
+    buffer = TransitionReplay(
         data={k: jnp.asarray(v, jnp.float32 if v.dtype != bool else bool) for k, v in data.items()},
         insert=jnp.zeros((), jnp.int32), size=jnp.asarray(capacity, jnp.int32), capacity=capacity)
-    update = backend.jit(sac.make_update(nets, hyper, lambda b, k: replay.sample(b, k, batch),
+    update = backend.jit(sac.make_update(nets, hyper, lambda b, k: b.sample(k, batch),
                                          num_updates), donate_argnums=0)
     state = {"learner": sac.init_learner(nets, hyper, jax.random.PRNGKey(0), OBS_DIM), "i": 0}
 

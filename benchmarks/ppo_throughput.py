@@ -57,7 +57,7 @@ from jaxwm.loop.metrics import read_jsonl
 
 CONFIG_FILE = os.path.join(ROOT, "configs", "ppo.py")
 ENVS = {"cartpole": "CartPole-v1", "atari": "Breakout-v5"}
-BREAKOUT_FORMS = ("scan", "host", "unroll")
+BREAKOUT_FORMS = ("scan", "unroll")
 SOLVED_RETURN = 475.0
 
 

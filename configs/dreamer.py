@@ -23,11 +23,12 @@ official agent acts with its untrained actor from the start and trains as soon a
 exists; prefill = batch_length is the nearest); sequences start from a zero model state
 (the official ``replay_context: 1`` replays a stored one); no replayed-value loss (``repval``);
 ``report_every`` counts updates (the official ``report_every`` counts seconds); the replay
-holds ``capacity`` steps per env, sized to hold each variant's whole run (official: 5e6 steps
-in all); ``debug`` shrinks the widths (deter 16, hidden 8, classes 4, units 16, depth 2) but
-keeps 32 latents, the default layer counts and 8 GRU blocks (the official ``debug`` block
-also cuts the latents to 2, layers to 1 and blocks to 4): it exists to run every code path
-in a minute, and the structure is what the tests exercise.
+holds ``capacity`` transitions over all envs (the official ``replay.size``, 5e6), sized here
+to hold each variant's whole run; ``debug`` shrinks the widths (deter 16, hidden 8, classes 4,
+units 16, depth 2) but keeps 32 latents, the default layer counts and 8 GRU blocks (the
+official ``debug`` block also cuts the latents to 2, layers to 1 and blocks to 4): it exists to
+run every code path in a minute, and the structure is what the tests exercise. ``tiny`` is
+smaller still: the contract suite's (tests/test_contract.py).
 
 The train phase's hooks are derived from ``train_ratio`` (``collect:M, update_model:K``;
 ``jaxwm.algos.dreamer.resolve_phases``) unless set.
@@ -37,7 +38,7 @@ import ml_collections
 
 from jaxwm.config import base_config
 
-VARIANTS = ("debug", "cartpole", "atari100k", "dmc_proprio", "dmc_vision", "crafter")
+VARIANTS = ("debug", "cartpole", "atari100k", "dmc_proprio", "dmc_vision", "crafter", "tiny")
 
 
 def dreamer_block(**overrides) -> ml_collections.ConfigDict:
@@ -49,7 +50,7 @@ def dreamer_block(**overrides) -> ml_collections.ConfigDict:
     d.train_ratio = 32.0
     d.steps_per_collect = 1  # per env
     d.prefill = 64  # steps per env of random actions before the first update
-    d.capacity = 1_000_000  # steps per env
+    d.capacity = 1_000_000  # transitions over all envs (capacity // num_envs steps of each)
     d.learning_rate = 4e-5
     d.agc = 0.3
     d.warmup = 1000
@@ -91,13 +92,26 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
     c.checkpoint.every = "10000 env_steps"
     c.eval.every = "10000 env_steps"
 
-    if variant == "debug":  # every code path, tiny sizes (the official ``debug`` block's spirit)
+    if variant == "tiny":  # debug's sizes in a few seconds: the contract suite's (tests/)
+        c.env.id = "CartPole-v1"
+        c.env.num_envs = 2
+        c.total_env_steps = 40
+        c.dreamer = dreamer_block(
+            model_size="1m", batch_size=4, batch_length=4, train_ratio=8.0, prefill=8,
+            capacity=400, num_bins=5, warmup=10, report_every=2, report_batch=2,
+            report_length=4, report_context=2,
+            size_overrides=dict(deter=8, hidden=8, classes=4, units=8, depth=2))
+        c.log.every = "8 env_steps"
+        c.checkpoint.every = "16 env_steps"
+        c.eval.every = "never"
+        c.eval.num_envs = c.eval.num_episodes = 2
+    elif variant == "debug":  # every code path, tiny sizes (the official ``debug`` block's spirit)
         c.env.id = "CartPole-v1"
         c.env.num_envs = 4
         c.total_env_steps = 800
         c.dreamer = dreamer_block(
             model_size="1m", batch_size=8, batch_length=10, train_ratio=8.0, prefill=20,
-            capacity=10_000, num_bins=5, warmup=10, report_every=20, report_batch=2,
+            capacity=40_000, num_bins=5, warmup=10, report_every=20, report_batch=2,
             report_length=10,
             size_overrides=dict(deter=16, hidden=8, classes=4, units=16, depth=2))
         c.log.every = "200 env_steps"
@@ -118,7 +132,7 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
         c.env.num_envs = 4
         c.total_env_steps = 50_000
         c.dreamer = dreamer_block(model_size="1m", train_ratio=32.0, batch_length=32,
-                                  learning_rate=3e-4, warmup=100, capacity=20_000,
+                                  learning_rate=3e-4, warmup=100, capacity=80_000,
                                   steps_per_collect=4, gamma=0.99)
     elif variant == "atari100k":
         c.env.id = "Pong-v5"
@@ -133,7 +147,7 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
         c.env.id = "WalkerWalk-v1"
         c.env.num_envs = 16
         c.total_env_steps = 1_100_000
-        c.dreamer = dreamer_block(model_size="1m", train_ratio=1024.0, capacity=70_000)
+        c.dreamer = dreamer_block(model_size="1m", train_ratio=1024.0, capacity=1_120_000)
         c.log.every = "10000 env_steps, 1000 model_updates"
         c.checkpoint.every = "100000 env_steps"
         c.eval.every = "100000 env_steps"
@@ -145,7 +159,7 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
         c.env.pixels = True
         c.env.update(img_height=64, img_width=64, camera=-1, frame_skip=1)
         c.total_env_steps = 1_100_000
-        c.dreamer = dreamer_block(train_ratio=256.0, capacity=70_000)
+        c.dreamer = dreamer_block(train_ratio=256.0, capacity=1_120_000)
     else:  # crafter
         c.env.id = "crafter"
         c.total_env_steps = 1_100_000

@@ -9,7 +9,7 @@ import ml_collections
 
 from jaxwm.config import base_config
 
-VARIANTS = ("pendulum",)
+VARIANTS = ("pendulum", "tiny")
 
 
 def get_config(variant: str = "pendulum") -> ml_collections.ConfigDict:
@@ -50,5 +50,14 @@ def get_config(variant: str = "pendulum") -> ml_collections.ConfigDict:
     c.eval.every = "never"
     c.eval.num_envs = 4
     c.eval.num_episodes = 4
+    if variant == "tiny":  # every code path in seconds: the contract suite's (tests/)
+        c.env.num_envs = 2
+        c.total_env_steps = 64
+        m.update(warmup_steps=16, steps_per_collect=4, capacity=1_000, hidden=(16, 16),
+                 batch_size=16, model_updates_per_call=4, normalizer_samples=64, horizon=4,
+                 num_candidates=16, num_elites=4, imagine_batch=4)
+        c.log.every = "16 env_steps"
+        c.checkpoint.every = "32 env_steps"
+        c.eval.num_envs = c.eval.num_episodes = 2
     c.lock()
     return c

@@ -22,12 +22,12 @@ updates; per-dataset horizon / lambda for the nine D4RL MuJoCo datasets (variant
 ``<env>_medium``, ``<env>_medium_replay``, ``<env>_medium_expert``; e.g. hopper-medium 5 / 5,
 halfcheetah-medium 5 / 0.5, walker2d-medium-replay 1 / 2.5).
 ``pendulum_tiny`` is the same code path at CPU sizes, on a Pendulum medium dataset that it
-makes (``jaxwm.data.make_dataset``, about two minutes) when the file is missing.
+makes (``jaxwm.tools.make_dataset``, about two minutes) when the file is missing.
 """
 
 import ml_collections
 
-from jaxwm.algos.sac import config_block as sac_block
+from jaxwm.agents.sac import config_block as sac_block
 from jaxwm.config import base_config
 
 ENV_IDS = {"hopper": "Hopper-v4", "halfcheetah": "HalfCheetah-v4", "walker2d": "Walker2d-v4"}
@@ -45,6 +45,10 @@ DATASETS = {
            "data/" + name.replace("_", "-") + ".hdf5", h, lam)
     for name, (h, lam) in HORIZON_LAMBDA.items()}
 DATASETS["pendulum_tiny"] = ("Pendulum-v1", "data/pendulum-medium.hdf5", 5, 1.0)
+# Every code path in seconds (the contract suite's, tests/): a small random dataset it makes.
+SMOKE = {"tiny": "mopo", "tiny_gormpo": "gormpo"}
+DATASETS.update({name: ("Pendulum-v1", "data/pendulum-random-tiny.hdf5", 2, 1.0)
+                 for name in SMOKE})
 VARIANTS = tuple(DATASETS)
 
 
@@ -54,7 +58,7 @@ def get_config(variant: str = "pendulum_tiny") -> ml_collections.ConfigDict:
     env_id, dataset, horizon, coef = DATASETS[variant]
     tiny = variant == "pendulum_tiny"
     c = base_config()
-    c.algo = "mopo"  # or "gormpo"
+    c.algo = SMOKE.get(variant, "mopo")  # or "gormpo"
     c.env.id = env_id
     c.env.num_envs = 1  # offline: the env is only evaluated (eval.num_envs)
     c.dataset = dataset
@@ -90,6 +94,7 @@ def get_config(variant: str = "pendulum_tiny") -> ml_collections.ConfigDict:
     g.threshold_quantile = 0.05
     g.score_next_state = False  # True: the reference's (predicted s', a) instead of (s, a)
     g.cache_dir = "~/.cache/jaxwm/density"
+    g.density_seed = 0  # one density per dataset, shared by every seed and run
     c.gormpo = g
 
     c.phase_order = ("model", "policy")
@@ -108,5 +113,19 @@ def get_config(variant: str = "pendulum_tiny") -> ml_collections.ConfigDict:
     c.eval.num_envs = 5
     c.eval.num_episodes = 10
     c.eval.temperature = 0.0  # SAC's deterministic policy, tanh(mean)
+    if variant in SMOKE:
+        c.dataset_make.update(level="random", size=2_000)
+        m.update(num_members=3, num_elites=2, model_hidden=(16, 16),
+                 weight_decay=(2.5e-5, 5e-5, 1e-4), model_batch=32, rollout_batch=64,
+                 retain_epochs=2, updates_per_epoch=8)
+        c.sac = sac_block(actor_lr=1e-4, critic_lr=3e-4, alpha_lr=1e-4, batch_size=32,
+                          actor_hidden=(16, 16), critic_hidden=(16, 16))
+        g.update(num_couplings=2, hidden=(16, 16), batch_size=256, max_epochs=3)
+        c.phases.model.duration = 3
+        c.phases.policy.duration = 32
+        c.log.every = "1 model_epochs, 8 agent_updates"
+        c.checkpoint.every = "2 model_epochs, 16 agent_updates"
+        c.eval.every = "never"
+        c.eval.num_envs = c.eval.num_episodes = 2
     c.lock()
     return c

@@ -32,7 +32,7 @@ import ml_collections
 from jaxwm.config import base_config
 
 VARIANTS = ("cartpole", "atari", "mujoco", "minigrid", "cartpole_masked", "cartpole_masked_tuned",
-            "cartpole_masked_transformer", "lunarlander_masked", "mujoco_memory")
+            "cartpole_masked_transformer", "lunarlander_masked", "mujoco_memory", "tiny")
 
 
 def memory_sizes(width: int, trxl: dict, state: int, headdim: int) -> dict:
@@ -110,7 +110,7 @@ def ppo_block(**overrides) -> ml_collections.ConfigDict:
     p.norm_adv = True
     p.normalize_obs = False
     p.normalize_reward = False
-    p.loop_form = "auto"  # auto | scan | unroll | host (see jaxwm/agents/ppo.py)
+    p.loop_form = "auto"  # auto | scan | unroll (see jaxwm/agents/ppo.py)
     # Collect the next rollout on a second thread while the update runs, acting with the
     # parameters from before it (a one-update lag; see jaxwm/algos/ppo.py). Off: exact PPO.
     p.async_collect = False
@@ -150,7 +150,18 @@ def get_config(variant: str = "cartpole") -> ml_collections.ConfigDict:
     c = base_config()
     c.algo = "ppo"
     c.network = network_block()
-    if variant == "cartpole":
+    if variant == "tiny":  # every code path in seconds: the contract suite's (tests/)
+        c.env.id = "CartPole-v1"
+        c.env.num_envs = 4
+        c.total_env_steps = 4 * 16 * 4
+        c.ppo = ppo_block(num_steps=16, learning_rate=1e-3)
+        c.network = network_block(hidden=(16, 16))
+        c.log.every = "64 env_steps"
+        c.checkpoint.every = "128 env_steps"
+        c.eval.every = "never"
+        c.eval.num_envs = 2
+        c.eval.num_episodes = 2
+    elif variant == "cartpole":
         c.env.id = "CartPole-v1"
         c.env.num_envs = 8
         c.total_env_steps = 200_000

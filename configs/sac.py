@@ -12,10 +12,10 @@ updates then follow) keeps the host loop out of the way; SAC's usual is one.
 
 import ml_collections
 
-from jaxwm.algos.sac import config_block as sac_block
+from jaxwm.agents.sac import config_block as sac_block
 from jaxwm.config import base_config
 
-VARIANTS = ("pendulum", "mujoco")
+VARIANTS = ("pendulum", "mujoco", "tiny")
 
 
 def get_config(variant: str = "pendulum") -> ml_collections.ConfigDict:
@@ -24,7 +24,17 @@ def get_config(variant: str = "pendulum") -> ml_collections.ConfigDict:
     c = base_config()
     c.algo = "sac"
     c.env.num_envs = 1
-    if variant == "pendulum":
+    if variant == "tiny":  # every code path in seconds: the contract suite's (tests/)
+        c.env.id = "Pendulum-v1"
+        c.env.num_envs = 2
+        c.total_env_steps = 64
+        c.sac = sac_block(learning_starts=16, capacity=1_000, batch_size=16,
+                          actor_hidden=(16, 16), critic_hidden=(16, 16), steps_per_collect=4,
+                          updates_per_step=0.5)
+        c.log.every = "16 env_steps"
+        c.eval.every = "never"
+        c.checkpoint.every = "32 env_steps"
+    elif variant == "pendulum":
         c.env.id = "Pendulum-v1"
         c.total_env_steps = 20_000
         c.sac = sac_block(learning_starts=1_000, capacity=100_000)
@@ -37,8 +47,8 @@ def get_config(variant: str = "pendulum") -> ml_collections.ConfigDict:
         c.sac = sac_block()
         c.log.every = "10000 env_steps"
         c.eval.every = "50000 env_steps"
-    c.eval.num_envs = 5
-    c.eval.num_episodes = 10
+    c.eval.num_envs = 2 if variant == "tiny" else 5
+    c.eval.num_episodes = 2 if variant == "tiny" else 10
     c.eval.temperature = 0.0  # SAC evaluates its deterministic policy, tanh(mean)
     c.phase_order = ("warmup", "train")
     s = c.sac

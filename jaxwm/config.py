@@ -72,28 +72,56 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+# Integer settings where 0 (or any value) means something other than a size; every other
+# integer a config holds, alone or in a tuple, is a size and must be > 0 (``check_sizes``).
+ZERO_MEANS = {
+    "seed": "a seed", "gormpo.density_seed": "a seed",
+    "num_devices": "every device", "env.batch_size": "every env, synchronously",
+    "env.num_threads": "envpool's default", "env.max_episode_steps": "the registered limit",
+    "env.noop_max": "no no-op starts", "env.masked_indices": "an index",
+    "ppo.anneal_env_steps": "no annealing", "dreamer.report_every": "never",
+    "dreamer.warmup": "no warm-up",
+}
+NOT_SIZES = ("env.camera",)  # indices that may be negative
+# Phases are checked by the loop's parser (loop.phases.phases_from_config): only those in
+# phase_order, whose durations must be > 0; a phase left out may have any.
+CHECKED_ELSEWHERE = ("phases.",)
+
+
+def _leaves(node, prefix=""):
+    for name, value in node.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            yield from _leaves(value, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", value
+
+
+def check_sizes(c: ml_collections.ConfigDict) -> None:
+    """Every integer setting (alone or in a tuple) is > 0, except those of ``ZERO_MEANS``
+    (>= 0) and ``NOT_SIZES``: one place, so no algorithm meets a batch of 0 at run time."""
+    for name, value in _leaves(c):
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        ints = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+        if name in NOT_SIZES or name.startswith(CHECKED_ELSEWHERE) or not ints:
+            continue
+        if name in ZERO_MEANS:
+            _require(min(ints) >= 0, f"{name}={value!r} must be >= 0 (0: "
+                     f"{ZERO_MEANS[name]}).")
+        else:
+            _require(min(ints) > 0, f"{name}={value!r} is a size and must be > 0.")
+
+
 def validate_common(c: ml_collections.ConfigDict) -> None:
-    _require(c.env.num_envs > 0, f"env.num_envs must be > 0, got {c.env.num_envs}.")
-    _require(0 <= c.env.batch_size <= c.env.num_envs,
+    """Checks of the settings every config shares (``base_config``), and of every size."""
+    check_sizes(c)
+    _require(c.env.batch_size <= c.env.num_envs,
              f"env.batch_size={c.env.batch_size} must be in [0, env.num_envs={c.env.num_envs}]:"
              " an asynchronous pool returns batch_size of its num_envs envs per step (0: all "
              "of them, synchronously).")
-    _require(c.env.num_threads >= 0, "env.num_threads must be >= 0 (0: envpool's default).")
-    _require(c.eval.num_envs > 0, f"eval.num_envs must be > 0, got {c.eval.num_envs}.")
-    _require(c.eval.num_episodes > 0, "eval.num_episodes must be > 0.")
-    _require(c.total_env_steps > 0, f"total_env_steps must be > 0, got {c.total_env_steps}.")
-    _require(c.checkpoint.keep > 0, "checkpoint.keep must be > 0.")
     _require(c.eval.temperature >= 0, f"eval.temperature must be >= 0 (0: greedy), got "
              f"{c.eval.temperature}.")
     _require(c.eval.action_noise >= 0 and c.eval.obs_noise >= 0,
              "eval.action_noise and eval.obs_noise are standard deviations: >= 0.")
-    _require(c.num_devices >= 0, "num_devices must be >= 0 (0: all devices).")
-    _require(c.num_seeds >= 1, f"num_seeds must be >= 1, got {c.num_seeds}.")
-    from jaxwm.loop.phases import Clock  # the loop imports this module
-
-    for name in ("log.every", "checkpoint.every", "eval.every"):  # their units: by the loop
-        section, field = name.split(".")
-        Clock.parse(c[section][field], name)
 
 
 def load(spec: str, overrides: dict | None = None) -> ml_collections.ConfigDict:

@@ -85,8 +85,20 @@ def global_batch(tree, sharding: NamedSharding):
 
 
 def replicate(tree, mesh: Mesh):
-    """Puts a value every process holds identically on every device of ``mesh``."""
+    """Puts a value every process holds identically on every device of ``mesh``. On a
+    one-device mesh the value is left as it is (uncommitted, like everything else, so that
+    every jitted hook sees one placement and compiles once)."""
+    if mesh.size == 1:
+        return tree
     return global_batch(tree, replicated(mesh))
+
+
+def constrain_batch(tree, mesh: Mesh):
+    """Inside jit: ``tree``'s leading (batch) axis split over the ``data`` axis of ``mesh``,
+    so XLA computes per-device gradients and all-reduces them; nothing on one device."""
+    if mesh.size == 1:
+        return tree
+    return jax.lax.with_sharding_constraint(tree, batch_sharding(mesh))
 
 
 def allgather(tree):

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -23,6 +24,15 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # of order the learning rate. JAX reads the variable when it is imported, which is after this.
 # To run the suite at a GPU's default precision instead: JAX_DEFAULT_MATMUL_PRECISION=default.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "float32")
+
+
+# Tests build the same small programs many times over (every build of an algorithm makes new
+# closures, so jit's in-memory cache misses): JAX's persistent compilation cache serves the
+# repeats from disk, shared by pytest-xdist's workers and the subprocesses of _run_script.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(tempfile.gettempdir(), "jaxwm-tests-compilation-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
 def _run_script(script: str, devices: int | None = None) -> dict:

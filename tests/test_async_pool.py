@@ -10,21 +10,22 @@ import jaxwm.config
 from jaxwm import runner, train
 from jaxwm.agents import ppo
 from jaxwm.config import ConfigError
-from jaxwm.envs import make_env
+from jaxwm.envs import acting, make_env
 from jaxwm.ops.returns import gae
 
 
-def records(env_ids, **fields):
-    """A [T, B] stream: env ids as given; value = 10 t + column, reward = 100 + value;
-    flags False unless given as [T, B] lists."""
+def records(env_ids, **fields) -> acting.Steps:
+    """A [T, B] stream as the acting layer records it: env ids as given; value = 10 t +
+    column, reward = 100 + value (of the env's previous action); flags False unless given as
+    [T, B] lists."""
     env_ids = jnp.asarray(env_ids, jnp.int32)
     steps, rows = env_ids.shape
     value = (10.0 * jnp.arange(steps)[:, None] + jnp.arange(rows)[None]).astype(jnp.float32)
     flags = {k: jnp.asarray(fields.get(k, np.zeros((steps, rows))), bool)
              for k in ("terminated", "truncated")}
-    return dict(env_id=env_ids, obs=value[..., None], action=env_ids, log_prob=-value,
-                value=value, reward=100.0 + value, done=flags["terminated"] | flags["truncated"],
-                **flags)
+    return acting.Steps(obs=value[..., None], is_first=jnp.zeros((steps, rows), bool),
+                        reward=100.0 + value, action=env_ids,
+                        extras={"log_prob": -value, "value": value}, ids=env_ids, **flags)
 
 
 def test_stream_becomes_per_env_transitions_by_hand():
@@ -32,7 +33,7 @@ def test_stream_becomes_per_env_transitions_by_hand():
     # env 2 at (t1,c0). Env 0's record at t1 reports a termination (of its action at t0).
     stream = records([[0, 1], [2, 0], [1, 0]],
                      terminated=[[0, 0], [0, 1], [0, 0]])
-    r = ppo.rollout_from_stream(stream)
+    r = ppo.stream_rollout(stream)
     # Sorted by env, time order kept: values 0, 11, 21 | 1, 20 | 10, cut into 2 rows of 3.
     np.testing.assert_array_equal(r.value, [[0, 11, 21], [1, 20, 10]])
     # A record's result comes with its env's next record; the env's last one has none.
@@ -54,13 +55,14 @@ def test_advantages_equal_per_env_gae_on_each_envs_trajectory():
     ids = rng.integers(0, num_envs, (steps, 1))
     stream = records(ids, terminated=rng.random((steps, 1)) < 0.1,
                      truncated=rng.random((steps, 1)) < 0.05)
-    stream["value"] = jnp.asarray(rng.normal(size=(steps, 1)), jnp.float32)
-    stream["reward"] = jnp.asarray(rng.normal(size=(steps, 1)), jnp.float32)
+    stream = stream.replace(
+        extras={**stream.extras, "value": jnp.asarray(rng.normal(size=(steps, 1)), jnp.float32)},
+        reward=jnp.asarray(rng.normal(size=(steps, 1)), jnp.float32))
     hyper = ppo.PPOHyper(num_steps=steps, gamma=0.9, gae_lambda=0.8, num_minibatches=1,
                          update_epochs=1, clip_coef=0.2, clip_vloss=False, ent_coef=0.0,
                          vf_coef=0.5, norm_adv=False, normalize_obs=False,
                          normalize_reward=False, recurrent=False)
-    batch = ppo.prepare_batch(hyper, ppo.rollout_from_stream(stream))
+    batch = ppo.prepare_batch(hyper, ppo.stream_rollout(stream))
     got = np.asarray(batch["advantages"][:, 0])
     valid = np.asarray(batch["valid"][:, 0])
     position = 0
@@ -69,7 +71,10 @@ def test_advantages_equal_per_env_gae_on_each_envs_trajectory():
         if len(t) < 2:
             position += len(t)
             continue
-        get = lambda k, at: np.asarray(stream[k][at, 0])  # noqa: E731
+        fields = {"value": stream.extras["value"], "reward": stream.reward,
+                  "terminated": stream.terminated, "truncated": stream.truncated,
+                  "done": stream.done}
+        get = lambda k, at, fields=fields: np.asarray(fields[k][at, 0])  # noqa: E731
         n = len(t) - 1  # transitions with a result
         truncated = get("truncated", t[1:]).copy()
         truncated[-1] = True  # the pending action's result is not known: bootstrap here
@@ -115,7 +120,8 @@ def ppo_config(**overrides):
     (ppo_config(**{"env.batch_size": 4, "num_seeds": 2}), "one seed in one process"),
     (ppo_config(**{"env.batch_size": 4, "ppo.num_minibatches": 3}),
      "must divide env.batch_size * ppo.num_steps"),
-    (jaxwm.config.load("configs/sac.py:pendulum", {"env.num_envs": 2, "env.batch_size": 1}), "only PPO"),
+    (jaxwm.config.load("configs/sac.py:pendulum", {"env.num_envs": 2, "env.batch_size": 1}),
+     "sac cannot run env.batch_size=1 < env.num_envs=2"),
 ])
 def test_bad_async_settings_stop_before_anything_is_built(config, message):
     with pytest.raises(ConfigError) as error:

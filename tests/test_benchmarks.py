@@ -63,7 +63,7 @@ def test_sac_flop_count_matches_xla(benchmark_modules):
     hyper = sac.SACHyper(batch_size=batch)
     data = {**offline.synthetic(batch), "terminated": np.zeros(batch, bool)}
     learner = sac.init_learner(nets, hyper, jax.random.PRNGKey(0), obs_dim)
-    step = jax.jit(lambda l, b, k: sac.update_step(nets, hyper, l, b, k))
+    step = jax.jit(lambda learner, b, k: sac.update_step(nets, hyper, learner, b, k))
     cost = step.lower(learner, data, jax.random.PRNGKey(1)).compile().cost_analysis()
     xla_flops = (cost[0] if isinstance(cost, list) else cost)["flops"]
     dense = offline.update_flops(batch, obs_dim, action_dim, hidden)

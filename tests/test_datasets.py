@@ -8,8 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
-from jaxwm.data import datasets, make_dataset
+from jaxwm.data import datasets
 from jaxwm.data.datasets import DatasetError, load_dataset
+from jaxwm.tools import make_dataset
 
 
 def d4rl_file(path, n=6, next_obs=True, **replace):

@@ -9,9 +9,9 @@ import pytest
 
 import jaxwm.config
 from jaxwm import train
-from jaxwm.algos.dreamer import validate
 from jaxwm.config import ConfigError
 from jaxwm.envs import EpisodeStats, UnknownEnvError, dmc_pixels, make_env
+from jaxwm.runner import validate
 
 
 def _renders_here() -> str:

@@ -5,7 +5,6 @@ before anything compiles."""
 import os
 import subprocess
 import sys
-import textwrap
 
 import jax
 import numpy as np
@@ -46,8 +45,8 @@ def test_train_ratio_becomes_the_phase_hooks(ratio, envs, per_collect, batch, le
     config = load("configs/dreamer.py:debug", {
         "dreamer.train_ratio": ratio, "env.num_envs": envs, "dreamer.steps_per_collect":
         per_collect, "dreamer.batch_size": batch, "dreamer.batch_length": length})
-    dreamer.resolve_phases(config)
-    assert tuple(config.phases.train.hooks) == expected
+    assert dreamer.phase_hooks(config)["train"] == expected
+    assert tuple(config.phases.train.hooks) == ()  # derived, not written into the config
 
 
 def test_a_train_ratio_the_hooks_cannot_meet_is_refused():
@@ -92,7 +91,7 @@ def test_an_image_size_the_encoder_cannot_take_is_refused():
     config = load("configs/dreamer.py:debug", {"env.id": "Pong-v5"})
     config.env.update(dict(img_height=84, img_width=84, gray_scale=False, frame_stack=1))
     with pytest.raises(ConfigError, match="64x64"):
-        dreamer.build(config)
+        validate(config)
 
 
 def test_updates_per_env_step_follow_train_ratio(first_run):
@@ -112,71 +111,12 @@ def test_the_same_seed_gives_the_same_run(first_run, tmp_path):
     again = Trainer(config, dreamer.build(config), str(tmp_path))
     try:
         again.run()
-        jax.tree.map(np.testing.assert_array_equal, again.state.params, trainer.state.params)
+        jax.tree.map(np.testing.assert_array_equal, again.state.learner.params,
+                     trainer.state.learner.params)
         jax.tree.map(np.testing.assert_array_equal, again.state.replay.data,
                      trainer.state.replay.data)
     finally:
         again.algorithm.close()
-
-
-def test_an_interrupted_run_resumed_ends_exactly_as_an_uninterrupted_one(tmp_path):
-    """Stopped after 3 of 6 updates and resumed, a run ends bit for bit where an uninterrupted
-    one does: parameters, optimiser, slow critic, return scale, replay, the loop's key and its
-    place in the phase all come back from the checkpoint. The train phase here only updates:
-    live envs restart their episodes on resume (envpool cannot save them, README "Resuming"),
-    so a resumed collection is a new episode, not the old one continued."""
-    def run(workdir, updates, resume=False):
-        config = debug_config(**{"phases.train.hooks": ("update_model",),
-                                 "phases.train.unit": "model_updates",
-                                 "phases.train.duration": updates, "resume": resume,
-                                 "checkpoint.every": "never", "dreamer.report_every": 2})
-        trainer = Trainer(config, dreamer.build(config), str(workdir))
-        try:
-            summary = trainer.run()
-        finally:
-            trainer.algorithm.close()
-        return trainer.state, summary
-
-    straight, summary = run(tmp_path / "straight", 6)
-    run(tmp_path / "resumed", 3)
-    resumed, resumed_summary = run(tmp_path / "resumed", 6, resume=True)
-    assert summary["counters"]["model_updates"] == resumed_summary["counters"]["model_updates"] == 6
-    for part in ("params", "slow_critic", "opt_state", "retnorm", "replay", "updates"):
-        jax.tree.map(np.testing.assert_array_equal, getattr(resumed, part),
-                     getattr(straight, part))
-
-
-MULTI_DEVICE_SCRIPT = textwrap.dedent("""
-    import json, os, sys
-    sys.path.insert(0, {root!r})
-    import jax, numpy as np
-    import jaxwm.config
-    from jaxwm.algos import dreamer
-    out = {{}}
-    for n in (1, 2):
-        c = jaxwm.config.load(os.path.join({root!r}, "configs/dreamer.py:debug"),
-                              {{"num_devices": n, "dreamer.report_every": 0}})
-        algo = dreamer.build(c)
-        state = algo.init(jax.random.PRNGKey(0))
-        for i in range(c.dreamer.prefill + 1):
-            state, _, _ = algo.hooks["collect"].fn(state, {{}}, jax.random.PRNGKey(10 + i))
-        for i in range(2):
-            state, _, m = algo.hooks["update_model"].fn(state, {{}}, jax.random.PRNGKey(50 + i))
-        out[n] = dict(params=[np.asarray(x).ravel().tolist()
-                              for x in jax.tree.leaves(state.params)],
-                      replay_devices=min(len(x.devices()) for x in jax.tree.leaves(state.replay)),
-                      loss=float(m["model/loss"]))
-        algo.close()
-    print(json.dumps(out))
-""")
-
-
-def test_one_and_two_devices_agree(run_script):
-    out = run_script(MULTI_DEVICE_SCRIPT, devices=2)
-    assert out["2"]["replay_devices"] == 2  # the replay is replicated, sequences are split
-    assert out["1"]["loss"] == pytest.approx(out["2"]["loss"], rel=1e-4)
-    for a, b in zip(out["1"]["params"], out["2"]["params"], strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import pytest
 
 from jaxwm.config import ConfigError, base_config, validate_common
 from jaxwm.envs import StepResult
-from jaxwm.loop.algorithm import Policy
+from jaxwm.envs.acting import Policy
 from jaxwm.loop.evaluate import Evaluator, episode_quotas
 from jaxwm.nets.distributions import Categorical, DiagGaussian, sample_at_temperature
 
@@ -65,8 +65,9 @@ def test_quotas_split_the_episodes_over_at_most_that_many_envs():
 
 def test_every_env_contributes_its_first_episodes_not_the_quickest():
     env = LengthIsReturnEnv(4)
-    policy = Policy(init_carry=lambda state, n: (),
-                    act=lambda state, carry, obs, is_first, key, t: (carry, np.zeros(len(obs))))
+    policy = Policy(init_carry=lambda params, n: (),
+                    act=lambda params, carry, obs, is_first, key, t: (
+                        carry, jnp.zeros(len(obs)), {}))
     evaluator = Evaluator(eval_config(4, 10), policy, env=env)
     metrics = evaluator.run(None, jax.random.PRNGKey(0))
 
@@ -150,12 +151,13 @@ def _noisy_run(action_noise=0.0, obs_noise=0.0, reference=None):
     config.eval.action_noise, config.eval.obs_noise = action_noise, obs_noise
     seen = []
 
-    def act(state, carry, obs, is_first, key, temperature):
-        seen.append(np.array(obs))
-        return carry, np.full((obs.shape[0], 2), 0.5, np.float32)
+    def act(params, carry, obs, is_first, key, temperature):
+        jax.debug.callback(lambda o: seen.append(np.array(o)), obs)  # runs every call
+        return carry, jnp.full((obs.shape[0], 2), 0.5, jnp.float32), {}
 
     env = RecordingEnv()
-    evaluator = Evaluator(config, Policy(lambda s, n: (), act, score_reference=reference), env)
+    evaluator = Evaluator(config, Policy(lambda params, n: (), act),
+                          score_reference=reference, env=env)
     metrics = evaluator.run(None, jax.random.PRNGKey(0))
     return metrics, np.concatenate(seen), np.concatenate(env.actions)
 
@@ -180,7 +182,7 @@ def test_action_noise_needs_continuous_actions():
     config = base_config()
     config.eval.num_envs, config.eval.action_noise = 2, 0.1
     with pytest.raises(ConfigError, match="continuous action space"):
-        Evaluator(config, Policy(lambda s, n: (), None), RecordingEnv(discrete=True))
+        Evaluator(config, Policy(lambda params, n: (), None), env=RecordingEnv(discrete=True))
     config.eval.action_noise = -1.0
     with pytest.raises(ConfigError, match="standard deviations"):
         validate_common(config)

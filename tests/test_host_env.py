@@ -10,10 +10,10 @@ import pytest
 
 import jaxwm.config
 from jaxwm import train
-from jaxwm.algos.dreamer import validate
 from jaxwm.config import ConfigError
 from jaxwm.envs import EnvSpec, EpisodeStats, make_env
 from jaxwm.envs.host import HostEnv
+from jaxwm.runner import validate
 
 # The HostEnv tests (Countdown) need no package; the Crafter ones need it, and the dev extra
 # (the README's test command, and CI) installs it: they skip only where it was left out.

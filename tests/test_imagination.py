@@ -12,8 +12,8 @@ docstring and the paper (Hafner et al. 2023, eq. 11) say, on numbers and gradien
 * the bounded normal (mean tanh(mu), std in [min_std, max_std]) and the unimix categorical
   (every action >= unimix / K) for extreme pre-activations;
 * the entropy bonus: changing eta changes the actor loss by exactly -delta_eta E[w H];
-* ``algos.dreamer`` refuses action spaces it cannot model (``_check_spaces``, called by
-  ``build`` before any network exists), a multi-discrete one included.
+* ``algos.dreamer`` refuses action spaces it cannot model (``validate_env``, which
+  ``jaxwm.runner.validate`` calls before anything is built), a multi-discrete one included.
 
 The losses and gradients are jitted once per setup (``_library``, ``_terms``) and shared by
 the tests, with the entropy coefficient a traced argument, to keep the file at ~30 s on CPU.
@@ -402,21 +402,9 @@ def _spec(discrete, action_shape, num_actions=None, obs_shape=(4,)):
 ])
 def test_dreamer_refuses_an_action_space_it_cannot_model(spec, message):
     with pytest.raises(ConfigError, match=message):
-        dreamer._check_spaces(spec)
+        dreamer.validate_env(None, spec)
 
 
 def test_dreamer_accepts_discrete_actions_and_flat_boxes():
-    dreamer._check_spaces(_spec(True, (), num_actions=4))
-    dreamer._check_spaces(_spec(False, (6,)))
-
-
-def test_build_refuses_a_bad_action_space_before_building_anything(monkeypatch):
-    """``build`` checks the env's spaces as soon as the env exists: nothing else of the config
-    is read, no network is made and nothing compiles."""
-    fake_env = types.SimpleNamespace(spec=_spec(False, (2, 3)))
-    monkeypatch.setattr(dreamer, "make_env", lambda *a, **kw: fake_env)
-    monkeypatch.setattr(dreamer.rssm, "make", lambda *a, **kw: pytest.fail("model built"))
-    config = types.SimpleNamespace(dreamer=None, env=types.SimpleNamespace(num_envs=2), seed=0)
-    with pytest.raises(ConfigError, match=r"Fake-v0: dreamer supports one discrete action or a "
-                                          r"flat box, not a box action of shape \(2, 3\)"):
-        dreamer.build(config)
+    dreamer.validate_env(None, _spec(True, (), num_actions=4))
+    dreamer.validate_env(None, _spec(False, (6,)))

@@ -1,12 +1,11 @@
-"""PPO end to end: learning on CartPole, resume, data parallelism, every env family, the CLI."""
+"""PPO end to end: learning on CartPole, asynchronous collection, every env family, the CLI
+(resume, donation, devices and seeds: tests/test_contract.py)."""
 
 import os
 import subprocess
 import sys
-import textwrap
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -14,7 +13,6 @@ import jaxwm.config
 from jaxwm import train
 from jaxwm.algos import ppo as ppo_algo
 from jaxwm.loop.metrics import read_jsonl
-from jaxwm.loop.trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,47 +38,6 @@ def test_default_cartpole_solves_within_200k_steps(tmp_path):
                  "losses/policy_loss", "losses/value_loss", "eval/episodic_return"):
         assert any(name in r for r in rows), name
     assert os.path.exists(tmp_path / "learning_curve.png")
-
-
-def test_resume_gives_the_identical_next_update(tmp_path):
-    config = ppo_config(total_env_steps=1024)
-    config.eval.at_end = False
-    first = Trainer(config, ppo_algo.build(config), str(tmp_path))
-    first.run()
-
-    config.resume = True
-    second = Trainer(config, ppo_algo.build(config), str(tmp_path))
-    restored, key, resumed = second._restore_or_init()
-    assert resumed
-    assert second.scheduler.totals["env_steps"] == 1024
-    jax.tree.map(np.testing.assert_array_equal, restored.learner, first.state.learner)
-
-    # The same rollout and key give the same update from the saved and the restored learner
-    # (parameters, Adam moments and the learning-rate schedule's position all restored).
-    restored, passed, _ = second.algorithm.hooks["collect"].fn(restored, {}, key)
-    update = second.algorithm.hooks["update_agent"].fn
-    saved = first.state.replace(learner=jax.tree.map(jnp.copy, first.state.learner))
-    after_a, _, metrics_a = update(saved, passed, jax.random.PRNGKey(5))
-    after_b, _, metrics_b = update(restored, passed, jax.random.PRNGKey(5))
-    jax.tree.map(np.testing.assert_array_equal, after_a.learner.params, after_b.learner.params)
-    assert float(metrics_a["charts/learning_rate"]) == float(metrics_b["charts/learning_rate"])
-
-
-def test_hooks_donate_what_they_change():
-    """The actor's per-env state and the learner are updated in place, not copied."""
-    config = ppo_config()
-    algo = ppo_algo.build(config)
-    try:
-        state = algo.init(jax.random.PRNGKey(0))
-        actor = jax.tree.leaves(state.actor)
-        state, passed, _ = algo.hooks["collect"].fn(state, {}, jax.random.PRNGKey(1))
-        assert all(x.is_deleted() for x in actor)
-        learner = jax.tree.leaves(state.learner)
-        state, _, _ = algo.hooks["update_agent"].fn(state, passed, jax.random.PRNGKey(2))
-        assert all(x.is_deleted() for x in learner)
-        assert not any(x.is_deleted() for x in jax.tree.leaves(state))
-    finally:
-        algo.close()
 
 
 def test_async_collection_acts_with_the_parameters_from_before_the_last_update():
@@ -127,46 +84,6 @@ def test_extending_a_run_keeps_the_learning_rate_schedule(tmp_path):
              for run in ("a", "b")]
     assert len(rates[0]) == 4 and bool(np.all(np.diff(rates[0]) < 0))
     np.testing.assert_allclose(rates[1], rates[0], rtol=1e-6)
-
-
-MULTI_DEVICE_SCRIPT = textwrap.dedent("""
-    import json, os, sys
-    sys.path.insert(0, {root!r})
-    import jax, numpy as np
-    import jaxwm.config
-    from jaxwm.algos import ppo as ppo_algo
-    assert jax.device_count() == 4, jax.devices()
-    out = {{}}
-    for n in (1, 4):
-        c = jaxwm.config.load(os.path.join({root!r}, "configs/ppo.py:cartpole"))
-        c.num_devices = n
-        algo = ppo_algo.build(c)
-        state = algo.init(jax.random.PRNGKey(0))
-        for i in range(2):
-            state, passed, metrics = algo.hooks["collect"].fn(state, {{}}, jax.random.PRNGKey(10 + i))
-            state, _, losses = algo.hooks["update_agent"].fn(state, passed, jax.random.PRNGKey(20 + i))
-        leaves = jax.tree.leaves(state.learner.params)
-        out[n] = dict(params=[np.asarray(x).ravel().tolist() for x in leaves],
-                      sharding=str(jax.tree.leaves(state.learner.params)[0].sharding),
-                      learner_devices=min(len(x.devices()) for x in jax.tree.leaves(state.learner)),
-                      actor_devices=max(len(x.devices()) for x in jax.tree.leaves(state.actor)),
-                      episodes=float(metrics["charts/episodes"]))
-        algo.close()
-    print(json.dumps(out))
-""")
-
-
-def test_one_and_four_devices_agree(run_script):
-    out = run_script(MULTI_DEVICE_SCRIPT, devices=4)
-    assert "4" in out["4"]["sharding"] or "devices=4" in out["4"]["sharding"] or \
-        out["4"]["sharding"] != out["1"]["sharding"]
-    # The learner stays replicated on every device and the actor on the envs' one: collect
-    # and update do not move the state back and forth.
-    assert out["4"]["learner_devices"] == 4 and out["4"]["actor_devices"] == 1
-    # Same envs stepped once per collect: identical episode counts, near-identical params.
-    assert out["1"]["episodes"] == out["4"]["episodes"]
-    for a, b in zip(out["1"]["params"], out["4"]["params"], strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("variant, overrides", [
@@ -220,6 +137,7 @@ def test_every_variant_runs_a_few_iterations(tmp_path, variant, overrides):
     (["--config.eval.temperature=-1"], 1, "eval.temperature must be >= 0"),
     (["--config.log.every=5000"], 1, "write 'N unit'"),
     (["--config.env.batch_size=16"], 1, "must be in [0, env.num_envs=8]"),
+    (["--config.ppo.num_steps=0"], 1, "ppo.num_steps=0 is a size and must be > 0"),
 ])
 def test_cli_rejects_bad_settings_in_one_line(tmp_path, args, returncode, message):
     workdir = str(tmp_path / "run")
@@ -227,6 +145,19 @@ def test_cli_rejects_bad_settings_in_one_line(tmp_path, args, returncode, messag
     assert result.returncode == returncode and message in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert not os.path.exists(workdir)
+
+
+@pytest.mark.parametrize("spec, env, message", [
+    ("configs/ppo.py:atari", "HalfCheetah-v4", "network.encoder='nature_cnn' takes images; "
+     "HalfCheetah-v4 observes vectors"),
+    ("configs/ppo.py:minigrid", "CartPole-v1", "network.encoder='grid_cnn' takes images"),
+    ("configs/ppo.py:mujoco_memory", "Breakout-v5", "network.encoder='mlp' takes vectors"),
+])
+def test_a_network_for_other_observations_is_refused_in_one_line(tmp_path, spec, env, message):
+    config = jaxwm.config.load(os.path.join(ROOT, spec), {"env.id": env})
+    with pytest.raises(jaxwm.config.ConfigError, match=message):
+        train.run(config, str(tmp_path / "run"))
+    assert not os.path.exists(tmp_path / "run")
 
 
 @pytest.mark.parametrize("spec, message", [("configs/ppo.py:cartpol", "cartpole"),

@@ -178,19 +178,6 @@ def test_open_loop_predictions_make_a_side_by_side_video():
     np.testing.assert_array_equal(frames[:, :, :64], np.moveaxis(np.asarray(obs[0]), 1, -1))
 
 
-def test_sequence_replay_returns_consecutive_steps_of_one_env():
-    from jaxwm.data import replay
-
-    state = replay.init(10, {"t": jnp.zeros(3, jnp.int32)})  # 3 envs, 10 slots
-    for step in range(13):  # wraps around: slots hold steps 3..12
-        state = replay.add(state, {"t": (100 * jnp.arange(3) + step)[None].astype(jnp.int32)})
-    windows = replay.sample_sequences(state, jax.random.key(19), 64, 4)["t"]
-    assert windows.shape == (64, 4)
-    env, step = windows // 100, windows % 100
-    assert (env == env[:, :1]).all() and (np.diff(step, axis=1) == 1).all()
-    assert step.min() >= 3 and step.max() <= 12
-
-
 def test_bfloat16_compute_keeps_float32_parameters_state_and_loss():
     """compute_dtype bfloat16: the same parameters give a loss close to float32's, and the
     parameters, the recurrent state and the loss stay float32."""

@@ -1,9 +1,8 @@
 """SAC: the squashed Gaussian against hand-computed densities, the update's targets and
 temperature rule, K scanned updates against K single ones, the online algorithm end to end,
-on several devices, and learning (slow)."""
+and learning (slow). Resume, donation, devices and seeds: tests/test_contract.py."""
 
 import os
-import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +12,6 @@ import pytest
 import jaxwm.config
 from jaxwm import backend, train
 from jaxwm.agents import sac
-from jaxwm.algos import sac as sac_algo
 from jaxwm.config import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,7 +123,7 @@ def test_scanned_updates_equal_single_updates():
     assert float(metrics["losses/q_loss"]) == pytest.approx(np.mean(losses), rel=tol)
 
 
-def test_online_sac_runs_end_to_end_and_resumes(tmp_path):
+def test_online_sac_runs_end_to_end(tmp_path):
     overrides = {"total_env_steps": 600, "sac.learning_starts": 200, "sac.batch_size": 32,
                  "sac.actor_hidden": (32, 32), "sac.critic_hidden": (32, 32),
                  "log.every": "200 env_steps", "checkpoint.every": "400 env_steps",
@@ -133,71 +131,17 @@ def test_online_sac_runs_end_to_end_and_resumes(tmp_path):
     summary = train.run(sac_config(**overrides), str(tmp_path))
     assert summary["env_steps"] == 600
     assert summary["agent_updates"] == 400
+    assert summary["charts/replay_size"] > 0
     assert np.isfinite(summary["eval/episodic_return"])
-    resumed = sac_config(**{**overrides, "total_env_steps": 800, "resume": True})
-    summary = train.run(resumed, str(tmp_path))
-    assert summary["env_steps"] == 800 and summary["agent_updates"] == 600
-
-
-def test_online_sac_hooks_donate_the_learner_and_keep_the_replay_growing():
-    config = sac_config(**{"sac.learning_starts": 16, "sac.batch_size": 8,
-                           "sac.actor_hidden": (8,), "sac.critic_hidden": (8,)})
-    algo = sac_algo.build(config)
-    try:
-        state = algo.init(jax.random.PRNGKey(0))
-        state, _, metrics = algo.hooks["collect"].fn(state, {}, jax.random.PRNGKey(1))
-        assert int(state.replay.size) == 8 and float(metrics["charts/replay_size"]) == 8
-        learner = jax.tree.leaves(state.learner)
-        state, _, metrics = algo.hooks["update_agent"].fn(state, {}, jax.random.PRNGKey(2))
-        assert all(x.is_deleted() for x in learner)
-        assert np.isfinite(float(metrics["losses/q_loss"]))
-    finally:
-        algo.close()
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"env.id": "CartPole-v1"}, "continuous action spaces"),
-    ({"sac.batch_size": 0}, "sac.batch_size"),
-    ({"sac.learning_starts": 0}, "sac.learning_starts"),
-    ({"num_seeds": 2}, "num_seeds"),
+    ({"env.id": "CartPole-v1"}, "sac takes continuous actions; CartPole-v1's are discrete"),
+    ({"sac.learning_starts": 200_000, "total_env_steps": 300_000}, "at most sac.capacity"),
 ])
 def test_bad_settings_are_refused(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         train.run(sac_config(**overrides), str(tmp_path))
-
-
-MULTI_DEVICE_SCRIPT = textwrap.dedent("""
-    import json, os, sys
-    sys.path.insert(0, {root!r})
-    import jax, numpy as np
-    import jaxwm.config
-    from jaxwm.algos import sac as sac_algo
-    out = {{}}
-    for n in (1, 2):
-        c = jaxwm.config.load(os.path.join({root!r}, "configs/sac.py:pendulum"),
-                              {{"num_devices": n, "sac.learning_starts": 16,
-                               "sac.batch_size": 16, "sac.actor_hidden": (16,),
-                               "sac.critic_hidden": (16,)}})
-        algo = sac_algo.build(c)
-        state = algo.init(jax.random.PRNGKey(0))
-        for i in range(3):
-            state, _, _ = algo.hooks["collect"].fn(state, {{}}, jax.random.PRNGKey(10 + i))
-            state, _, m = algo.hooks["update_agent"].fn(state, {{}}, jax.random.PRNGKey(20 + i))
-        out[n] = dict(params=[np.asarray(x).ravel().tolist()
-                              for x in jax.tree.leaves(state.learner)],
-                      replay_devices=min(len(x.devices()) for x in jax.tree.leaves(state.replay)),
-                      q_loss=float(m["losses/q_loss"]))
-        algo.close()
-    print(json.dumps(out))
-""")
-
-
-def test_one_and_two_devices_agree(run_script):
-    out = run_script(MULTI_DEVICE_SCRIPT, devices=2)
-    assert out["2"]["replay_devices"] == 2  # the replay is replicated, batches are split
-    assert out["1"]["q_loss"] == pytest.approx(out["2"]["q_loss"], rel=1e-4)
-    for a, b in zip(out["1"]["params"], out["2"]["params"], strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow

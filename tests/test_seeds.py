@@ -82,7 +82,7 @@ SEEDS_ON_DEVICES = textwrap.dedent("""
         out[n] = dict(params=[np.asarray(x).ravel().tolist()
                               for x in jax.tree.leaves(state.learner.params)],
                       shape=list(jax.tree.leaves(state.learner.params)[0].shape),
-                      loss=np.asarray(losses["losses/value_loss"].values).tolist())
+                      loss=np.asarray(losses["losses/value_loss"]).tolist())
         algo.close()
     print(json.dumps(out))
 """)

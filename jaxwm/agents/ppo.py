@@ -1,4 +1,7 @@
-"""Proximal Policy Optimisation as pure functions: rollout, advantages, loss, update.
+"""Proximal Policy Optimisation as agent pieces: ``policy``, ``init_learner``, ``make_finish``
+(a collected rollout as PPO learns from it), ``make_update``; wired to envs by
+``jaxwm.algos.ppo`` and reusable by any system that trains PPO (SimPLe inside a learned
+simulator).
 
 Schulman et al. 2017, "Proximal Policy Optimization Algorithms": clipped surrogate (eq. 7),
 value loss with optional clipping and entropy bonus (eq. 9). Implementation details follow
@@ -12,24 +15,28 @@ Differences from CleanRL, on purpose:
   and of advantage normalisation, instead of being learned from as a real transition.
 
 Loop form. The update runs ``epochs x minibatches`` gradient steps. ``loop_form`` picks how:
-``scan`` (rolled ``lax.scan``: one dispatch, smallest program), ``unroll``
-(``lax.scan(unroll=True)``) or ``host`` (a Python loop of jitted minibatch steps). XLA:CPU runs
-autodiff's convolution gradients ~40x slower inside a rolled scan than under plain jit, which
-is why CleanRL's scan PPO crawls on CPU; ``nets.conv`` writes them as canonical convolutions,
-after which the rolled scan is the fastest form. Measured on 2 CPU cores, Breakout, 8 envs
-(benchmarks/results/ppo_throughput_cpu.md): see the ``update_s`` column per form. So ``auto``
-is ``scan`` on every backend; the other forms stay for measurement.
+``scan`` (rolled ``lax.scan``: one dispatch, smallest program) or ``unroll``
+(``lax.scan(unroll=True)``). XLA:CPU runs autodiff's convolution gradients ~40x slower inside a
+rolled scan than under plain jit, which is why CleanRL's scan PPO crawls on CPU;
+``nets.conv`` writes them as canonical convolutions, after which the rolled scan is the
+fastest form (benchmarks/results/ppo_throughput_cpu.md, the ``update_s`` column per form). So
+``auto`` is ``scan`` on every backend; ``unroll`` stays for measurement.
+
+Learning rate: annealed linearly to 0 over a number of optimiser updates (``make_optimizer``),
+which the caller derives from whatever counter it plans in: env steps for PPO on real envs,
+agent updates for PPO inside a learned simulator.
 
 Data parallel: the update is jitted with the rollout sharded over the ``data`` mesh axis and
 parameters replicated; each minibatch is constrained to the same sharding, so XLA computes
 per-device gradients and all-reduces them (GSPMD). One device and N devices therefore run the
 same mathematics and agree to float tolerance.
 
-Asynchronous env pools (``collect_from_pool``): envpool returns ``B`` of its ``N`` envs per
-step, whichever finished first. The stream of ``T`` such batches is put back into per-env
-time order by a stable sort on the env id; each record's successor in its env supplies the
-reward, flags and ``V(s_{t+1})`` of its action, and the env's last record in the rollout,
-whose action is still being executed, is masked out (one transition per env and rollout).
+Asynchronous env pools (``make_finish``; ``acting.stream_transitions``): envpool returns ``B``
+of its ``N`` envs per step, whichever finished first. The stream of ``T`` such batches is put
+back into per-env time order by a stable sort on the env id; each record's successor in its
+env supplies the reward, flags and ``V(s_{t+1})`` of its action, and the env's last record in
+the rollout, whose action is still being executed, is masked out (one transition per env and
+rollout).
 GAE is cut at each env's last transition (bootstrapped from ``V`` of its pending
 observation, like the end of a synchronous rollout) and at the end of each of the ``B`` rows
 of ``T`` the sorted stream is cut into (bootstrapped likewise). Memoryless networks only: a
@@ -42,7 +49,6 @@ and shuffle environments, never time (REFERENCE.md), starting from the rollout's
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -50,13 +56,15 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from jaxwm import backend
+from jaxwm import parallel
 from jaxwm.config import ConfigError
-from jaxwm.envs.stats import EpisodeStats, episode_metrics
+from jaxwm.envs import acting
+from jaxwm.envs.stats import episode_metrics
+from jaxwm.nets.distributions import sample_at_temperature
 from jaxwm.ops.normalize import RunningMeanStd
 from jaxwm.ops.returns import gae
 
-LOOP_FORMS = ("auto", "scan", "unroll", "host")
+LOOP_FORMS = ("auto", "scan", "unroll")
 
 
 @struct.dataclass
@@ -84,33 +92,6 @@ class Learner:
     opt_state: Any
     obs_rms: RunningMeanStd
     return_rms: RunningMeanStd
-
-
-@struct.dataclass
-class Actor:
-    """Per-env state that carries across rollouts (obs, flags, carry, statistics)."""
-
-    obs: jax.Array
-    is_first: jax.Array
-    prev_done: jax.Array
-    carry: Any
-    discounted_return: jax.Array  # for reward normalisation
-    stats: Any  # envs.EpisodeStats
-
-
-@struct.dataclass
-class PoolActor:
-    """Per-env state of ``collect_from_pool``, indexed by env id, ``[num_envs]``: the flags
-    and statistics ``Actor`` keeps, without an observation (each ``recv`` brings its own)."""
-
-    prev_done: jax.Array
-    discounted_return: jax.Array
-    stats: Any  # envs.EpisodeStats
-
-    @classmethod
-    def create(cls, num_envs: int) -> PoolActor:
-        return cls(prev_done=jnp.zeros(num_envs, bool), discounted_return=jnp.zeros(num_envs),
-                   stats=EpisodeStats.create(num_envs))
 
 
 @struct.dataclass
@@ -144,16 +125,16 @@ def _clipped_adam(learning_rate, max_grad_norm):
                        optax.adam(learning_rate, eps=1e-5))
 
 
-def make_optimizer(cfg, num_iterations: int,
+def make_optimizer(cfg, anneal_updates: int,
                    backbone_scale: float = 1.0) -> optax.GradientTransformation:
     """Adam (eps 1e-5) after global-norm clipping; lr linearly annealed to 0 over
-    ``num_iterations`` if asked. The rate in use is in the optimiser state
-    (``inject_hyperparams``), so the update can report it. ``backbone_scale`` != 1 scales the
-    steps of the memory backbone's parameters (the ``memory`` module): a learning rate of its
-    own with the same schedule, as BenchNetRL gives its Mamba block."""
-    updates_per_iteration = cfg.update_epochs * cfg.num_minibatches
+    ``anneal_updates`` optimiser updates (= agent updates) if ``cfg.anneal_lr``. The rate in
+    use is in the optimiser state (``inject_hyperparams``), so the update can report it.
+    ``backbone_scale`` != 1 scales the steps of the memory backbone's parameters (the
+    ``memory`` module): a learning rate of its own with the same schedule, as BenchNetRL gives
+    its Mamba block."""
     if cfg.anneal_lr:
-        lr = optax.linear_schedule(cfg.learning_rate, 0.0, num_iterations * updates_per_iteration)
+        lr = optax.linear_schedule(cfg.learning_rate, 0.0, anneal_updates)
     else:
         lr = cfg.learning_rate
     adam = optax.inject_hyperparams(_clipped_adam, static_args="max_grad_norm")(
@@ -165,167 +146,127 @@ def make_optimizer(cfg, num_iterations: int,
     return optax.chain(adam, optax.masked(optax.scale(backbone_scale), in_backbone))
 
 
-# ----------------------------------------------------------------------------- rollout
+# ----------------------------------------------------------------------------- acting
 
 
-def collect(
-    network,
-    hyper: PPOHyper,
-    env_step: Callable,
-    learner: Learner,
-    actor: Actor,
-    env_state: Any,
-    key: jax.Array,
-):
-    """Runs ``num_steps`` steps of every env under the current policy, as one ``lax.scan``.
+@struct.dataclass
+class PPOCarry:
+    """What PPO's policy keeps between steps: the network's ``memory`` (per env), the live
+    observation statistics (updated with every observation acted on, as CleanRL's
+    ``NormalizeObservation`` does; the learner holds the checkpointed copy, written back after
+    every rollout) and each env's ``discounted`` return, for reward normalisation."""
 
-    ``env_step(env_state, action) -> (env_state, StepResult)`` is envpool's XLA step (or any
-    pure simulated environment, e.g. a learned world model). Returns
-    ``(actor, env_state, rollout, metrics)``.
-    """
-    initial_carry = actor.carry
-
-    def step(carry, step_key):
-        actor, env_state, obs_rms, return_rms = carry
-        obs_rms, obs, net_carry, action, log_prob, value = _act(
-            network, hyper, learner.params, actor.carry, actor.obs, actor.is_first, obs_rms,
-            step_key)
-        env_state, res = env_step(env_state, action)
-        discounted, return_rms, reward = _scale_reward(
-            hyper, actor.discounted_return, actor.prev_done, res.reward, return_rms)
-        stats, completed = actor.stats.update(res)
-        transition = dict(
-            obs=obs, action=action, log_prob=log_prob, value=value, reward=reward,
-            terminated=res.terminated, truncated=res.truncated, valid=~actor.prev_done,
-            is_first=actor.is_first,
-        )
-        actor = Actor(
-            obs=res.obs, is_first=actor.prev_done, prev_done=res.done, carry=net_carry,
-            discounted_return=discounted, stats=stats,
-        )
-        return (actor, env_state, obs_rms, return_rms), (transition, completed)
-
-    keys = jax.random.split(key, hyper.num_steps)
-    init = (actor, env_state, learner.obs_rms, learner.return_rms)
-    (actor, env_state, obs_rms, return_rms), (steps, completed) = jax.lax.scan(step, init, keys)
-
-    last_obs = obs_rms.normalize(actor.obs) if hyper.normalize_obs else actor.obs
-    _, _, last_value = network.apply(
-        learner.params, actor.carry, last_obs[:, None], actor.is_first[:, None]
-    )
-    steps = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps)  # [T, N] -> [N, T]
-    next_value = jnp.concatenate([steps["value"][:, 1:], last_value], axis=1)
-    rollout = Rollout(**steps, next_value=next_value, initial_carry=initial_carry)
-
-    learner = learner.replace(obs_rms=obs_rms, return_rms=return_rms)
-    return learner, actor, env_state, rollout, episode_metrics(completed)
+    memory: Any
+    obs_rms: RunningMeanStd
+    discounted: jax.Array
 
 
-def _act(network, hyper: PPOHyper, params, carry, raw_obs, is_first, obs_rms, key):
-    """One acting step on a batch: ``(obs_rms, obs as the network saw it, carry, action,
-    log_prob, value)``, the statistics updated with ``raw_obs`` first."""
-    if hyper.normalize_obs:
-        obs_rms = obs_rms.update(raw_obs.astype(jnp.float32))
-        obs = obs_rms.normalize(raw_obs)
-    else:
-        obs = raw_obs
-    carry, dist, value = network.apply(params, carry, obs[:, None], is_first[:, None])
-    action = dist.sample(key)[:, 0]
-    log_prob = dist.log_prob(action[:, None])[:, 0]
-    return obs_rms, obs, carry, action, log_prob, value[:, 0]
+def policy(network, hyper: PPOHyper) -> acting.Policy:
+    """PPO's acting, with a ``Learner`` as parameters: observations normalised (statistics
+    updated first), one step of the network, a sample at ``temperature``; extras are the
+    log-probability and value (and the normalised observation, when normalising)."""
+
+    def init_carry(learner: Learner, num_envs: int) -> PPOCarry:
+        # A copy of the statistics: the actor's state is donated, the learner's is not.
+        return PPOCarry(network.initialize_carry(num_envs),
+                        jax.tree.map(jnp.copy, learner.obs_rms), jnp.zeros(num_envs))
+
+    def act(learner: Learner, carry: PPOCarry, obs, is_first, key, temperature=1.0):
+        obs_rms = carry.obs_rms
+        if hyper.normalize_obs:
+            obs_rms = obs_rms.update(obs.astype(jnp.float32))
+            obs = obs_rms.normalize(obs)
+        memory, dist, value = network.apply(learner.params, carry.memory, obs[:, None],
+                                            is_first[:, None])
+        action = sample_at_temperature(dist, key, temperature)[:, 0]
+        extras = {"log_prob": dist.log_prob(action[:, None])[:, 0], "value": value[:, 0]}
+        if hyper.normalize_obs:
+            extras["obs"] = obs
+        return carry.replace(memory=memory, obs_rms=obs_rms), action, extras
+
+    return acting.Policy(init_carry=init_carry, act=act)
 
 
-def _scale_reward(hyper: PPOHyper, discounted, prev_done, reward, return_rms):
-    """CleanRL's reward normalisation: ``reward`` divided by the running std of each env's
-    discounted return (restarted after ``prev_done``). ``(discounted, return_rms, reward)``."""
+def scale_rewards(hyper: PPOHyper, discounted, return_rms: RunningMeanStd, ids, is_first,
+                  reward):
+    """CleanRL's reward normalisation over rewards in the order they arrived, ``[T, B]``:
+    each env's discounted return (restarted where the reward's action was taken at an
+    episode's last observation, i.e. where the arriving observation ``is_first``) updates the
+    running statistics, and the reward is divided by their std. ``ids``: the envs of each row
+    (``None``: all, in order). Returns ``(discounted, return_rms, scaled rewards)``."""
     if not hyper.normalize_reward:
         return discounted, return_rms, reward
-    discounted = discounted * hyper.gamma * (1.0 - prev_done) + reward
-    return_rms = return_rms.update(discounted)
-    return discounted, return_rms, return_rms.scale(reward)
+
+    def arrive(carry, row):
+        discounted, return_rms = carry
+        ids, is_first, reward = row
+        mine = discounted if ids is None else discounted[ids]
+        mine = mine * hyper.gamma * (1.0 - is_first) + reward
+        return_rms = return_rms.update(mine)
+        discounted = mine if ids is None else discounted.at[ids].set(mine)
+        return (discounted, return_rms), return_rms.scale(reward)
+
+    (discounted, return_rms), scaled = jax.lax.scan(arrive, (discounted, return_rms),
+                                                    (ids, is_first, reward))
+    return discounted, return_rms, scaled
 
 
-def collect_from_pool(
-    network,
-    hyper: PPOHyper,
-    recv: Callable,
-    send: Callable,
-    learner: Learner,
-    actor: PoolActor,
-    handle: Any,
-    key: jax.Array,
-):
-    """``collect`` for an asynchronous env pool: ``num_steps`` rounds of ``recv`` (a batch of
-    ``B`` ready envs), act, ``send``, as one ``lax.scan``; the stream becomes a ``Rollout`` of
-    ``B`` rows by ``rollout_from_stream`` (module docstring). ``recv(handle) -> (handle,
-    env_ids, StepResult)`` and ``send(handle, action, env_ids) -> handle`` are
-    ``EnvPoolEnv.xla_recv``/``xla_send``. Memoryless networks only. Returns ``(learner,
-    actor, handle, rollout, metrics)`` like ``collect``."""
-
-    def step(carry, step_key):
-        actor, handle, obs_rms, return_rms = carry
-        handle, ids, res = recv(handle)
-        # The row is the result of env ``ids``'s previous action: its bookkeeping, per env...
-        discounted, return_rms, reward = _scale_reward(
-            hyper, actor.discounted_return[ids], actor.prev_done[ids], res.reward, return_rms)
-        stats, completed = jax.tree.map(lambda x: x[ids], actor.stats).update(res)
-        # ... and the observation to act on now.
-        n = ids.shape[0]
-        obs_rms, obs, _, action, log_prob, value = _act(
-            network, hyper, learner.params, network.initialize_carry(n), res.obs,
-            jnp.zeros(n, bool), obs_rms, step_key)
-        handle = send(handle, action, ids)
-        scatter = lambda every, these: every.at[ids].set(these)  # noqa: E731
-        actor = PoolActor(prev_done=scatter(actor.prev_done, res.done),
-                          discounted_return=scatter(actor.discounted_return, discounted),
-                          stats=jax.tree.map(scatter, actor.stats, stats))
-        record = dict(env_id=ids, obs=obs, action=action, log_prob=log_prob, value=value,
-                      reward=reward, terminated=res.terminated, truncated=res.truncated,
-                      done=res.done)
-        return (actor, handle, obs_rms, return_rms), (record, completed)
-
-    keys = jax.random.split(key, hyper.num_steps)
-    init = (actor, handle, learner.obs_rms, learner.return_rms)
-    (actor, handle, obs_rms, return_rms), (records, completed) = jax.lax.scan(step, init, keys)
-    rows = records["env_id"].shape[1]
-    rollout = rollout_from_stream(records, network.initialize_carry(rows))
-    learner = learner.replace(obs_rms=obs_rms, return_rms=return_rms)
-    return learner, actor, handle, rollout, episode_metrics(completed)
+def stream_rollout(steps: acting.Steps, initial_carry=()) -> Rollout:
+    """An asynchronous pool's ``Steps`` ``[T, B]`` (extras: ``log_prob``, ``value``) as a
+    ``Rollout`` ``[B, T]`` of per-env transitions (``acting.stream_transitions``)."""
+    records = dict(obs=steps.obs, action=steps.action, log_prob=steps.extras["log_prob"],
+                   value=steps.extras["value"], is_first=jnp.zeros_like(steps.done))
+    out, valid = acting.stream_transitions(records, steps.ids, steps.done, steps.reward,
+                                           steps.terminated, steps.truncated,
+                                           carried=("value",))
+    return Rollout(obs=out["obs"], action=out["action"], log_prob=out["log_prob"],
+                   value=out["value"], reward=out["reward"], terminated=out["terminated"],
+                   truncated=out["truncated"], valid=valid, is_first=out["is_first"],
+                   next_value=out["next_value"], initial_carry=initial_carry)
 
 
-def rollout_from_stream(records: dict[str, jax.Array], initial_carry: Any = ()) -> Rollout:
-    """An asynchronous pool's records ``[T, B]`` (time-major; each has ``env_id``, the
-    ``obs``/``action``/``log_prob``/``value`` of acting, and ``reward``/``terminated``/
-    ``truncated``/``done`` of the env's previous action) -> a ``Rollout`` ``[B, T]`` of
-    transitions in per-env time order.
+def make_finish(network, hyper: PPOHyper):
+    """``finish(learner, start, steps, final, completed) -> (carry, ((obs_rms, return_rms),
+    rollout, metrics))`` for ``acting.Actor``: the rollout of one collect as PPO learns from it
+    (one seed; the actor vmaps it over groups).
 
-    Record ``k``'s transition takes its reward, flags and ``next_value`` from the env's next
-    record; it is valid when that record is in the stream and record ``k`` was not an
-    episode's final observation (envpool's reset transition). GAE is cut after the env's
-    last transition with a result and at every row end (``truncated``: bootstrapped, not
-    terminal); ``gae`` restarts at row ends by itself.
-    """
-    steps, rows = records["env_id"].shape
-    flat = jax.tree.map(lambda x: x.reshape((steps * rows,) + x.shape[2:]), records)
-    order = jnp.argsort(flat["env_id"], stable=True)  # per env, still in time order
-    s = jax.tree.map(lambda x: x[order], flat)
+    Synchronous pools: transition t takes its reward and flags from row t+1, the last from
+    the rows ``final`` holds, whose value under the final carry is the bootstrap. Rewards
+    arriving with row 0 belong to the previous rollout, which scaled them already.
+    Asynchronous pools: ``acting.stream_transitions`` (memoryless networks only)."""
 
-    def following(x, fill):  # the next record's x; ``fill`` after the last
-        return jnp.concatenate([x[1:], jnp.full((1,) + x.shape[1:], fill, x.dtype)])
+    def finish(learner: Learner, start: acting.ActorState, steps: acting.Steps,
+               final: acting.ActorState, completed):
+        carry = final.carry
+        obs = steps.extras["obs"] if hyper.normalize_obs else steps.obs
+        if steps.ids is None:
+            nxt = acting.successors(steps, final)
+            discounted, return_rms, reward = scale_rewards(
+                hyper, carry.discounted, learner.return_rms, None, nxt["is_first"],
+                nxt["reward"])
+            last_obs = final.pending.obs
+            if hyper.normalize_obs:
+                last_obs = carry.obs_rms.normalize(last_obs)
+            _, _, last_value = network.apply(learner.params, carry.memory, last_obs[:, None],
+                                             final.stats.after_done[:, None])
+            value = steps.extras["value"]
+            time_major = dict(
+                obs=obs, action=steps.action, log_prob=steps.extras["log_prob"], value=value,
+                reward=reward, terminated=nxt["terminated"], truncated=nxt["truncated"],
+                valid=steps.valid, is_first=steps.is_first,
+                next_value=jnp.concatenate([value[1:], last_value[None, :, 0]]))
+            rollout = Rollout(**jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), time_major),
+                              initial_carry=start.carry.memory)
+        else:
+            discounted, return_rms, reward = scale_rewards(
+                hyper, carry.discounted, learner.return_rms, steps.ids, steps.is_first,
+                steps.reward)
+            rollout = stream_rollout(steps.replace(obs=obs, reward=reward),
+                                     network.initialize_carry(steps.ids.shape[1]))
+        carry = carry.replace(discounted=discounted)
+        return carry, ((carry.obs_rms, return_rms), rollout, episode_metrics(completed))
 
-    has_result = following(s["env_id"], -1) == s["env_id"]
-    cut = ~has_result | ~following(has_result, False)  # no result, or the next has none
-    transitions = dict(
-        obs=s["obs"], action=s["action"], log_prob=s["log_prob"], value=s["value"],
-        reward=jnp.where(has_result, following(s["reward"], 0), 0.0),
-        terminated=has_result & following(s["terminated"], False),
-        truncated=(has_result & following(s["truncated"], False)) | cut,
-        valid=has_result & ~s["done"],
-        is_first=jnp.zeros_like(has_result),
-        next_value=jnp.where(has_result, following(s["value"], 0), 0.0),
-    )
-    transitions = jax.tree.map(lambda x: x.reshape((rows, steps) + x.shape[1:]), transitions)
-    return Rollout(**transitions, initial_carry=initial_carry)
+    return finish
 
 
 # ----------------------------------------------------------------------------- update
@@ -404,17 +345,25 @@ def _minibatches(hyper, batch, key):
         lambda x: x.reshape((hyper.num_minibatches, -1) + x.shape[1:]), shuffled)
 
 
-def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, data_sharding=None,
-                over_seeds: bool = False):
-    """Returns ``update(learner, rollout, key) -> (learner, metrics)``, already jitted; it
-    donates ``learner`` (updated in place). ``over_seeds``: every argument and result has a
-    leading seed axis (``loop.seeds``), one independent update per seed.
+def init_learner(network, optimizer, spec, key, rows: int) -> Learner:
+    """A fresh learner, initialised from example inputs of ``rows`` envs (only their shapes
+    matter)."""
+    obs = jnp.zeros((rows, 1, *spec.obs_shape), spec.obs_dtype)
+    params = network.init(key, network.initialize_carry(rows), obs, jnp.ones((rows, 1), bool))
+    return Learner(params=params, opt_state=optimizer.init(params),
+                   obs_rms=RunningMeanStd.create(spec.obs_shape),
+                   return_rms=RunningMeanStd.create(()))
 
-    ``data_sharding`` (a NamedSharding over the batch axis) spreads every minibatch over the
-    mesh; ``None`` leaves placement to XLA (single device).
+
+def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, mesh=None):
+    """``update(learner, rollout, key) -> (learner, metrics)``: ``update_epochs x
+    num_minibatches`` gradient steps. Not jitted here: the caller jits it, donating the
+    learner, and vmaps it over seeds where it has several (as ``agents.sac.make_update``).
+
+    With a ``mesh`` of several devices every minibatch is spread over its ``data`` axis.
     """
-    constrain = (lambda x: x) if data_sharding is None else (
-        lambda tree: jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, data_sharding), tree))
+    constrain = (lambda tree: tree) if mesh is None else (
+        lambda tree: parallel.constrain_batch(tree, mesh))
 
     def minibatch_step(learner: Learner, minibatch):
         minibatch = constrain(minibatch)
@@ -437,24 +386,6 @@ def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, data_shardi
             return metrics
         return {**metrics, "charts/learning_rate": hyperparams["learning_rate"]}
 
-    if loop_form == "host":
-        if over_seeds:
-            raise ConfigError("ppo.loop_form='host' cannot be vmapped over seeds.")
-        prepare = backend.jit(lambda rollout, key: epoch_minibatches(prepare_batch(hyper, rollout), key))
-        step = backend.jit(minibatch_step, donate_argnums=0)
-
-        def update(learner, rollout, key):
-            mbs = prepare(rollout, key)
-            num = hyper.update_epochs * hyper.num_minibatches
-            metrics = []
-            for i in range(num):
-                learner, m = step(learner, jax.tree.map(lambda x, i=i: x[i], mbs))
-                metrics.append(m)
-            metrics = jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs)), *metrics)
-            return learner, with_learning_rate(learner, metrics)
-
-        return update
-
     unroll = True if loop_form == "unroll" else 1
 
     def update(learner, rollout, key):
@@ -462,7 +393,7 @@ def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, data_shardi
         learner, metrics = jax.lax.scan(minibatch_step, learner, mbs, unroll=unroll)
         return learner, with_learning_rate(learner, jax.tree.map(jnp.mean, metrics))
 
-    return backend.jit(jax.vmap(update) if over_seeds else update, donate_argnums=0)
+    return update
 
 
 def resolve_loop_form(loop_form: str) -> str:

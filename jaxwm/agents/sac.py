@@ -1,4 +1,6 @@
-"""Soft Actor-Critic as pure functions: networks, action sampling, one update, K updates.
+"""Soft Actor-Critic as agent pieces: networks, ``policy`` (acting), ``init_learner``,
+``make_update`` (K updates from any batch source); wired to envs by ``jaxwm.algos.sac`` and to
+model rollouts by ``jaxwm.algos.mopo``.
 
 Haarnoja et al. 2018, "Soft Actor-Critic Algorithms and Applications" (arXiv:1812.05905):
 twin Q-functions with target networks updated by Polyak averaging (sec. 5, eq. 5-6 with the
@@ -18,8 +20,8 @@ Actions: the actor's tanh output in [-1, 1] is mapped affinely onto the env's [l
 box, and the log-probability includes that map's log-determinant (CleanRL's
 ``action_scale``), so the entropy target means the same for every box.
 
-Data parallel: with ``sharding`` given, each sampled batch is constrained to be split over
-the ``data`` mesh axis while parameters stay replicated, so XLA computes per-device
+Data parallel: with a ``mesh`` of several devices, each sampled batch is constrained to be
+split over its ``data`` axis while parameters stay replicated, so XLA computes per-device
 gradients and all-reduces them (as PPO, ``jaxwm.agents.ppo``).
 """
 
@@ -32,9 +34,13 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 from flax import struct
+
+from jaxwm import parallel
+from jaxwm.envs import acting
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # CleanRL's bounds, reached through a tanh
 
@@ -159,6 +165,35 @@ class SACNets:
         return squashed_sample(mean, log_std, self.box, key, temperature)
 
 
+def config_block(**overrides) -> ml_collections.ConfigDict:
+    """The ``config.sac`` block (Haarnoja et al. 2018 sizes), shared by online SAC and MOPO."""
+    s = ml_collections.ConfigDict()
+    s.actor_hidden = (256, 256)
+    s.critic_hidden = (256, 256)
+    s.gamma = 0.99
+    s.tau = 0.005
+    s.batch_size = 256
+    s.actor_lr = 3e-4
+    s.critic_lr = 3e-4
+    s.alpha_lr = 3e-4
+    s.auto_alpha = True
+    s.initial_alpha = 1.0
+    s.target_entropy = ml_collections.FieldReference(None, field_type=float)  # None: -|A|
+    s.capacity = 1_000_000
+    s.learning_starts = 5_000
+    s.steps_per_collect = 8  # per env
+    s.updates_per_step = 1.0  # updates per env step
+    s.update(overrides)
+    return s
+
+
+def policy(nets: SACNets) -> acting.Policy:
+    """Acting with the actor's parameters: temperature 0 is tanh(mean), 1 the policy as
+    trained."""
+    return acting.stateless(lambda actor, obs, key, temperature: nets.act(
+        actor, jnp.asarray(obs, jnp.float32), key, temperature)[0])
+
+
 def optimizers(hyper: SACHyper):
     return optax.adam(hyper.actor_lr), optax.adam(hyper.critic_lr), optax.adam(hyper.alpha_lr)
 
@@ -226,17 +261,18 @@ def update_step(nets: SACNets, hyper: SACHyper, learner: Learner, batch, key):
 
 
 def make_update(nets: SACNets, hyper: SACHyper, sample: Callable[[Any, jax.Array], Any],
-                num_updates: int, sharding=None):
+                num_updates: int, mesh=None):
     """``update(learner, source, key) -> (learner, metrics)``: ``num_updates`` SAC updates in
     one ``lax.scan``, each on ``sample(source, key)``; metrics are means over the updates.
-    Not jitted here: the caller jits it with its own donation and placement."""
+    Not jitted here: the caller jits it with its own donation and placement (and vmaps it
+    over seeds where it has several)."""
 
     def update(learner, source, key):
         def body(learner, k):
             k_sample, k_step = jax.random.split(k)
             batch = sample(source, k_sample)
-            if sharding is not None:
-                batch = jax.lax.with_sharding_constraint(batch, sharding)
+            if mesh is not None:
+                batch = parallel.constrain_batch(batch, mesh)
             return update_step(nets, hyper, learner, batch, k_step)
 
         learner, metrics = jax.lax.scan(body, learner, jax.random.split(key, num_updates))

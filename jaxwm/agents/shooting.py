@@ -11,7 +11,8 @@ toward elite sequences found in imagination, as in the cross-entropy method (Rub
 1999; Chua et al. 2018 use CEM per decision), with momentum; the uniform half keeps the
 planner at least as good as random shooting whatever the prior learns.
 
-Functions here are unbatched over states (one observation); callers ``vmap``.
+Functions here are unbatched over states (one observation); callers ``vmap``, except
+``policy``, the planner as an acting-layer policy over a batch of envs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import chex
 import jax
 import jax.numpy as jnp
 from flax import struct
+
+from jaxwm.envs import acting
 
 StepFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]  # (obs, a) -> (obs', r)
 
@@ -84,3 +87,20 @@ def refit_prior(prior: SequencePrior, elite_seqs: jax.Array, momentum: float,
     mean = momentum * prior.mean + (1 - momentum) * jnp.mean(elite_seqs, 0)
     std = momentum * prior.std + (1 - momentum) * jnp.std(elite_seqs, 0)
     return SequencePrior(mean, jnp.maximum(std, min_std))
+
+
+def policy(step_fn_for: Callable[[object], StepFn], num_candidates: int, low, high
+           ) -> acting.Policy:
+    """Planning as a policy (``acting.stateless``): ``params = (model_params, prior)``, each
+    env plans with its own key and acts with the first action of its best candidate. It is
+    deterministic given the key, so ``temperature`` is ignored."""
+
+    def act(params, obs, key, temperature):
+        del temperature
+        model_params, prior = params
+        step_fn = step_fn_for(model_params)
+        keys = jax.random.split(key, obs.shape[0])
+        return jax.vmap(lambda o, k: plan(step_fn, o, k, prior, num_candidates, low, high)[0])(
+            jnp.asarray(obs, jnp.float32), keys)
+
+    return acting.stateless(act)

@@ -49,11 +49,12 @@ from tqdm import tqdm
 
 from jaxwm import backend, parallel
 from jaxwm.agents import sac
-from jaxwm.algos.sac import actor_policy
+from jaxwm.algos import Capabilities
 from jaxwm.config import ConfigError
-from jaxwm.data import replay
 from jaxwm.data.datasets import Dataset, DatasetError, load_dataset
-from jaxwm.envs import make_env, require_continuous_vectors
+from jaxwm.data.replay import TransitionReplay
+from jaxwm.envs import acting, make_env
+from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import Algorithm, Hook
 from jaxwm.models import ensemble, realnvp, termination
 from jaxwm.models.dynamics import Normalizer
@@ -68,12 +69,17 @@ ALGOS = ("mopo", "gormpo")
 class MOPOState:
     model: ensemble.EnsembleState
     learner: sac.Learner
-    buffer: replay.ReplayState  # model rollouts
+    buffer: TransitionReplay  # model rollouts
 
 
 def penalty_shape(config) -> str:
     """The penalty in use: ``config.penalty``, or the algorithm's own when left empty."""
     return config.penalty or (UNCERTAINTY if config.algo == "mopo" else "linear")
+
+
+CAPABILITIES = Capabilities(
+    actions=("continuous",), observations=("vector",),
+    device_batches=("sac.batch_size", "mopo.rollout_batch", "mopo.model_batch"))
 
 
 def validate(config) -> None:
@@ -86,22 +92,11 @@ def validate(config) -> None:
          + (" (the density shapes are GORMPO's: set --config.algo=gormpo)."
             if config.algo == "mopo" and shape in realnvp.PENALTY_SHAPES else ".")),
         (config.penalty_coef >= 0, "penalty_coef must be >= 0."),
-        (config.num_seeds == 1, "num_seeds > 1 is not supported by MOPO yet: run one process "
-                                "per seed."),
         (bool(config.dataset), "Set --config.dataset to a D4RL-format HDF5 file or a Minari "
-                               "dataset (python -m jaxwm.data.make_dataset makes one)."),
-        (0 < m.num_elites <= m.num_members, "mopo.num_elites must be in [1, num_members]."),
-        (m.horizon > 0 and m.rollout_batch > 0 and m.retain_epochs > 0,
-         "mopo.horizon, rollout_batch and retain_epochs must be > 0."),
+                               "dataset (python -m jaxwm.tools.make_dataset makes one)."),
+        (m.num_elites <= m.num_members, "mopo.num_elites must be in [1, num_members]."),
         (0.0 <= m.real_ratio <= 1.0, "mopo.real_ratio must be in [0, 1]."),
-        (m.updates_per_epoch > 0 and m.model_patience > 0,
-         "mopo.updates_per_epoch and model_patience must be > 0."),
     ]
-    num_devices = config.num_devices or jax.device_count()
-    checks.append((all(n % num_devices == 0 for n in (config.sac.batch_size, m.rollout_batch,
-                                                       m.model_batch)),
-                   f"sac.batch_size, mopo.rollout_batch and mopo.model_batch must split over "
-                   f"{num_devices} devices."))
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
@@ -127,33 +122,28 @@ def density_spec(config, dim: int) -> realnvp.DensitySpec:
 
 
 def load_for(config) -> Dataset:
-    """The dataset, checked against the env; a pendulum_tiny-style config
-    (``dataset_make.level`` set) makes it first when the file is missing."""
+    """The dataset (made beforehand by ``jaxwm.runner`` where the config says how to make a
+    missing one: ``dataset_make``)."""
     path = os.path.expanduser(config.dataset)
-    make = config.get("dataset_make")
-    if make is not None and make.level and not os.path.exists(path):
-        from jaxwm.data import make_dataset
-
-        tqdm.write(f"{path} does not exist: making it ({config.env.id}, {make.level}, "
-                   f"{make.size} transitions) with python -m jaxwm.data.make_dataset.")
-        make_dataset.make(config.env.id, make.level, path, size=make.size,
-                          train_steps=make.train_steps, seed=config.seed)
     try:
         return load_dataset(path)
     except DatasetError as e:
         hint = "" if os.path.exists(path) else (
             f" Point --config.dataset at a D4RL or Minari file, or make one: python -m "
-            f"jaxwm.data.make_dataset --env={config.env.id} --level=medium --out={path}")
+            f"jaxwm.tools.make_dataset --env={config.env.id} --level=medium --out={path}")
         raise ConfigError(str(e) + hint) from e
 
 
 def fit_density(config, x: np.ndarray) -> tuple[realnvp.DensitySpec, dict, Normalizer, float]:
     """GORMPO's RealNVP on the dataset's (s, a) ``x``: loaded from the cache when a model for
-    the same data, settings and seed is there; otherwise trained (a progress bar per epoch)
-    and saved. Returns (spec, params of the best epoch, scaler, threshold tau)."""
+    the same data, settings and ``gormpo.density_seed`` is there; otherwise trained (a
+    progress bar per epoch) and saved. One density per dataset, shared by every seed of a run
+    and by every run on it (it describes the data, not an agent). Returns (spec, params of
+    the best epoch, scaler, threshold tau)."""
     spec = density_spec(config, x.shape[1])
+    seed = config.gormpo.density_seed
     digest = hashlib.sha1(np.ascontiguousarray(x, np.float32).tobytes())
-    digest.update(json.dumps({**dataclasses.asdict(spec), "seed": config.seed}).encode())
+    digest.update(json.dumps({**dataclasses.asdict(spec), "seed": seed}).encode())
     cache = os.path.join(os.path.expanduser(config.gormpo.cache_dir),
                          f"realnvp-{digest.hexdigest()[:16]}.msgpack")
     if os.path.exists(cache):
@@ -165,12 +155,12 @@ def fit_density(config, x: np.ndarray) -> tuple[realnvp.DensitySpec, dict, Norma
         tqdm.write(f"GORMPO density model loaded from {cache}.")
         return spec, saved["params"], saved["scaler"], float(saved["tau"])
 
-    rng = np.random.default_rng(config.seed)
+    rng = np.random.default_rng(seed)
     train, val, _ = realnvp.split_indices(len(x), rng)
     xs = jnp.asarray(x)
-    state = realnvp.init_density(spec, jax.random.key(config.seed), Normalizer.fit(xs[train]))
+    state = realnvp.init_density(spec, jax.random.key(seed), Normalizer.fit(xs[train]))
     epoch = backend.jit(partial(realnvp.train_density_epoch, spec), donate_argnums=0)
-    key = jax.random.key(config.seed + 1)
+    key = jax.random.key(seed + 1)
     with tqdm(range(spec.max_epochs), desc="GORMPO density (RealNVP)", unit="epoch",
               disable=not config.log.progress) as bar:
         for _ in bar:
@@ -193,12 +183,22 @@ def fit_density(config, x: np.ndarray) -> tuple[realnvp.DensitySpec, dict, Norma
     return spec, saved["params"], saved["scaler"], float(state.tau)
 
 
+def model_split(config, num: int, seed: int) -> dict[str, np.ndarray]:
+    """A run's train/holdout split of the dataset's ``num`` transitions and each member's
+    bootstrap resample of the training split, drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+    train_index, holdout_index = ensemble.split_indices(num, rng)
+    bootstrap = rng.integers(0, len(train_index),
+                             size=(config.mopo.num_members, len(train_index)))
+    return {"train": train_index.astype(np.int32), "bootstrap": bootstrap.astype(np.int32),
+            "holdout": holdout_index.astype(np.int32)}
+
+
 def build(config) -> Algorithm:
-    m, s = config.mopo, config.sac
+    m, s, num_seeds = config.mopo, config.sac, config.num_seeds
     dataset = load_for(config)
     # The env only for its spaces (and the evaluator's own pool): offline, nothing is stepped.
-    probe = require_continuous_vectors(make_env(config.env, num_envs=1, seed=config.seed),
-                                       config.algo)
+    probe = make_env(config.env, num_envs=1, seed=config.seed)
     try:
         spec = probe.spec
         try:
@@ -214,34 +214,30 @@ def build(config) -> Algorithm:
     nets = sac.SACNets.create(box, s.actor_hidden, s.critic_hidden)
     hyper = sac.SACHyper.from_config(s)
     shape, coef = penalty_shape(config), float(config.penalty_coef)
+    over_seeds = partial(seeds.vmap, num_seeds=num_seeds)
 
     mesh = parallel.data_mesh(config.num_devices or None)
-    multi_device = mesh.size > 1
-    sharding = parallel.batch_sharding(mesh) if multi_device else None
-    replicate = (lambda tree: jax.device_put(tree, parallel.replicated(mesh))) if multi_device \
-        else (lambda tree: tree)
-    constrain = (lambda x: jax.lax.with_sharding_constraint(x, sharding)) if multi_device \
-        else (lambda x: x)
+    constrain = partial(parallel.constrain_batch, mesh=mesh)
     member_batches = NamedSharding(mesh, PartitionSpec(None, parallel.DATA_AXIS))
     constrain_members = (lambda x: jax.lax.with_sharding_constraint(x, member_batches)) \
-        if multi_device else (lambda x: x)
+        if mesh.size > 1 else (lambda x: x)
 
-    # Read-only data: the transitions, the model's train/holdout split and bootstraps.
+    # Read-only data: the transitions; each seed's train/holdout split and bootstraps (seed k
+    # draws them as a run with seed + k * env.num_envs would) and input scaler.
     arrays = {k: np.asarray(v, np.float32) for k, v in dataset.transitions.items()}
-    rng = np.random.default_rng(config.seed)
-    train_index, holdout_index = ensemble.split_indices(len(dataset), rng)
-    bootstrap = rng.integers(0, len(train_index), size=(m.num_members, len(train_index)))
-    scaler = Normalizer.fit(jnp.asarray(ensemble.inputs(arrays["obs"][train_index],
-                                                        arrays["action"][train_index])))
+    splits = [model_split(config, len(dataset), seed) for seed in seeds.run_seeds(config)]
+    split = jax.tree.map(lambda *xs: np.stack(xs) if num_seeds > 1 else xs[0], *splits)
+    scalers = [Normalizer.fit(jnp.asarray(ensemble.inputs(arrays["obs"][sp["train"]],
+                                                          arrays["action"][sp["train"]])))
+               for sp in splits]
+    scaler = jax.tree.map(lambda *xs: jnp.stack(xs) if num_seeds > 1 else xs[0], *scalers)
     data = {"dataset": parallel.put_readonly(arrays, mesh),
-            "model_split": replicate({"train": jnp.asarray(train_index, jnp.int32),
-                                      "bootstrap": jnp.asarray(bootstrap, jnp.int32),
-                                      "holdout": jnp.asarray(holdout_index, jnp.int32)})}
+            "model_split": parallel.replicate(jax.tree.map(jnp.asarray, split), mesh)}
     if config.algo == "gormpo":
         x = np.concatenate([arrays["obs"], arrays["action"]], 1)
         d_spec, d_params, d_scaler, tau = fit_density(config, x)
-        data["density"] = replicate({"params": d_params, "scaler": d_scaler,
-                                     "tau": jnp.float32(tau)})
+        data["density"] = parallel.replicate({"params": d_params, "scaler": d_scaler,
+                                              "tau": jnp.float32(tau)}, mesh)
 
     def reward_penalty(std, obs, action, next_obs, density):
         if shape == UNCERTAINTY:  # max over members of the std's norm (MOPO eq. 7)
@@ -252,24 +248,31 @@ def build(config) -> Algorithm:
         return realnvp.penalty(shape, logp, density["tau"])
 
     def init(key):
-        k_model, k_agent = jax.random.split(key)
         example = {"obs": jnp.zeros(obs_dim), "action": jnp.zeros(action_dim),
                    "reward": jnp.zeros(()), "next_obs": jnp.zeros(obs_dim),
                    "terminated": jnp.zeros((), bool)}
-        return replicate(MOPOState(
-            model=ensemble.init(model_spec, k_model, scaler),
-            learner=sac.init_learner(nets, hyper, k_agent, obs_dim),
-            buffer=replay.init(m.rollout_batch * m.horizon * m.retain_epochs, example)))
 
-    @partial(backend.jit, donate_argnums=0)
-    def _model_epoch(state: MOPOState, dataset_arrays, split, key):
+        def one(key, scaler):
+            k_model, k_agent = jax.random.split(key)
+            return MOPOState(
+                model=ensemble.init(model_spec, k_model, scaler),
+                learner=sac.init_learner(nets, hyper, k_agent, obs_dim),
+                buffer=TransitionReplay.create(m.rollout_batch * m.horizon * m.retain_epochs,
+                                               example))
+
+        return parallel.replicate(over_seeds(one)(key, scaler), mesh)
+
+    def model_epoch(state: MOPOState, dataset_arrays, split, key):
         model, metrics = ensemble.train_epoch(model_spec, state.model, dataset_arrays,
                                               split["train"], split["bootstrap"],
                                               split["holdout"], key, constrain_members)
+        # A seed whose ensemble has converged keeps it: with several seeds the phase goes on
+        # until all have (a seed's model is then the one its own run would have kept).
+        done = state.model.patience.exhausted(m.model_patience)
+        model = jax.tree.map(lambda old, new: jnp.where(done, old, new), state.model, model)
         return state.replace(model=model), metrics
 
-    @partial(backend.jit, donate_argnums=0)
-    def _rollout(state: MOPOState, dataset_arrays, density, key):
+    def rollout(state: MOPOState, dataset_arrays, density, key):
         k_start, k_steps = jax.random.split(key)
         starts = jax.random.randint(k_start, (m.rollout_batch,), 0,
                                     dataset_arrays["obs"].shape[0])
@@ -290,7 +293,7 @@ def build(config) -> Algorithm:
         _, (batch, valid, raw_reward, u) = jax.lax.scan(
             step, (obs, jnp.ones(m.rollout_batch, bool)), jax.random.split(k_steps, m.horizon))
         flat = jax.tree.map(lambda v: v.reshape((-1,) + v.shape[2:]), batch)
-        buffer = replay.add(state.buffer, flat, valid.reshape(-1))
+        buffer = state.buffer.add(flat, valid.reshape(-1))
         weight = valid / jnp.maximum(jnp.sum(valid), 1)
         metrics = {"rollout/raw_reward": jnp.sum(weight * raw_reward),
                    "rollout/penalty": jnp.sum(weight * u),
@@ -307,11 +310,16 @@ def build(config) -> Algorithm:
         real_index = jax.random.randint(k_real, (real_batch,), 0,
                                         dataset_arrays["obs"].shape[0])
         real = {k: dataset_arrays[k][real_index] for k in buffer.data}
-        model = replay.sample(buffer, k_model, s.batch_size - real_batch)
+        model = buffer.sample(k_model, s.batch_size - real_batch)
         return jax.tree.map(lambda a, b: jnp.concatenate([a, b.astype(a.dtype)]), real, model)
 
-    _sac_updates = backend.jit(sac.make_update(nets, hyper, mixed_batch, m.updates_per_epoch,
-                                               sharding), donate_argnums=0)
+    sac_updates = sac.make_update(nets, hyper, mixed_batch, m.updates_per_epoch, mesh)
+    # Per seed: the state, its split and key; the dataset and density are shared.
+    _model_epoch = backend.jit(over_seeds(model_epoch, in_axes=(0, None, 0, 0)),
+                               donate_argnums=0)
+    _rollout = backend.jit(over_seeds(rollout, in_axes=(0, None, None, 0)), donate_argnums=0)
+    _sac_updates = backend.jit(over_seeds(lambda learner, buffer, arrays, key: sac_updates(
+        learner, (buffer, arrays), key), in_axes=(0, 0, None, 0)), donate_argnums=0)
 
     def update_model_hook(state, data, key):
         state, metrics = _model_epoch(state, data["dataset"], data["model_split"], key)
@@ -322,7 +330,7 @@ def build(config) -> Algorithm:
         return state, {}, metrics
 
     def update_agent_hook(state, data, key):
-        learner, metrics = _sac_updates(state.learner, (state.buffer, data["dataset"]), key)
+        learner, metrics = _sac_updates(state.learner, state.buffer, data["dataset"], key)
         return state.replace(learner=learner), {}, metrics
 
     rollout_reads = ("dataset", "density") if "density" in data else ("dataset",)
@@ -337,7 +345,10 @@ def build(config) -> Algorithm:
                                  counts={"agent_updates": m.updates_per_epoch}),
         },
         data=data,
-        predicates={"model_converged":
-                    lambda state: state.model.patience.exhausted(m.model_patience)},
-        policy=actor_policy(nets, dataset.reference_returns),
+        predicates={"model_converged": lambda state: jnp.all(
+            state.model.patience.exhausted(m.model_patience))},
+        policy=acting.grouped(sac.policy(nets), num_seeds),
+        policy_params=lambda state: state.learner.actor,
+        num_seeds=num_seeds,
+        score_reference=dataset.reference_returns,
     )

@@ -3,7 +3,7 @@
 ``load_dataset(path)`` returns a ``Dataset`` of transitions whatever the file's layout, with
 the batch keys SAC's update reads (``jaxwm.agents.sac``): ``obs``, ``action``, ``reward``,
 ``next_obs``, ``terminated``. Nothing is downloaded: a user with real D4RL or Minari files
-points the config at them; ``python -m jaxwm.data.make_dataset`` writes D4RL-format files.
+points the config at them; ``python -m jaxwm.tools.make_dataset`` writes D4RL-format files.
 
 D4RL (Fu et al. 2020, "D4RL: Datasets for Deep Data-Driven RL"): one HDF5 file with
 ``observations``, ``actions``, ``rewards``, ``terminals``, ``timeouts`` (and often
@@ -21,7 +21,7 @@ truncated last steps are kept (they bootstrap).
 Why h5py: both formats are HDF5, and h5py is the maintained reader the formats are written
 with.
 
-D4RL-normalised score (REFERENCE.md): 100 (R - min) / (max - min) with D4RL's reference
+D4RL-normalised score (``jaxwm.scores``): 100 (R - min) / (max - min) with D4RL's reference
 returns for hopper, halfcheetah and walker2d; other envs use the ``metadata/ref_min_score`` /
 ``metadata/ref_max_score`` that ``make_dataset`` records (its own random and expert returns).
 """
@@ -37,11 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from jaxwm.scores import D4RL_REFERENCE, normalized_score, reference_returns  # noqa: F401
+
 D4RL_KEYS = ("observations", "actions", "rewards", "terminals")
 MINARI_KEYS = ("observations", "actions", "rewards", "terminations", "truncations")
-# D4RL's reference returns (d4rl/infos.py REF_MIN_SCORE / REF_MAX_SCORE), by env family.
-D4RL_REFERENCE = {"hopper": (-20.272305, 3234.3), "halfcheetah": (-280.178953, 12135.0),
-                  "walker2d": (1.629008, 4592.3)}
 
 
 class DatasetError(ValueError):
@@ -89,23 +88,6 @@ class Dataset:
                 f"{self.metadata.get('env_id', 'not recorded')}).")
 
 
-def reference_returns(env_id: str) -> tuple[float, float] | None:
-    name = env_id.lower().replace("_", "").replace("-", "")
-    for family, ref in D4RL_REFERENCE.items():
-        if name.startswith(family):
-            return ref
-    return None
-
-
-def normalized_score(returns, reference: tuple[float, float] | None):
-    """D4RL's 100 (R - min) / (max - min); NaN where no reference is known."""
-    returns = np.asarray(returns, np.float64)
-    if reference is None:
-        return np.full_like(returns, np.nan)
-    low, high = reference
-    return 100.0 * (returns - low) / (high - low)
-
-
 def load_dataset(path: str) -> Dataset:
     """D4RL-format HDF5 file, or a Minari dataset (its directory or its main_data.hdf5)."""
     import h5py
@@ -133,7 +115,7 @@ def _locate(path: str) -> str:
                            f"exactly one .hdf5 file (found {len(found)}): pass the file itself.")
     raise DatasetError(
         f"No dataset at {path} (looked for that file or directory; relative paths start at "
-        f"{os.getcwd()}). Make one with `python -m jaxwm.data.make_dataset --env=... "
+        f"{os.getcwd()}). Make one with `python -m jaxwm.tools.make_dataset --env=... "
         "--level=... --out=...`, or point --config.dataset at a D4RL/Minari file.")
 
 

@@ -1,12 +1,13 @@
 """Environments: envpool batches with a host (numpy) and an XLA (jit/scan) path.
 
 See ``factory`` for the step semantics, ``families`` for observation layouts per family and
-``stats`` for how episode returns and lengths are counted, ``transitions`` for off-policy
-collection, ``host`` for Python-package envs (Crafter) behind the same interface, and
+``stats`` for how episode returns and lengths are counted, ``acting`` for the one policy
+interface and env-stepping scan every algorithm acts through, ``host`` for Python-package
+envs (Crafter) behind the same interface, and
 ``dmc_pixels`` for DMC tasks from pixels (dm_control's renderer) through it.
 """
 
-from jaxwm.envs.factory import EnvPoolEnv, check_available, make_env, require_continuous_vectors
+from jaxwm.envs.factory import EnvPoolEnv, check_available, make_env, probe_spec
 from jaxwm.envs.families import UnknownEnvError
 from jaxwm.envs.stats import EpisodeStats, episode_metrics
 from jaxwm.envs.types import EnvSpec, StepResult
@@ -20,5 +21,5 @@ __all__ = [
     "check_available",
     "episode_metrics",
     "make_env",
-    "require_continuous_vectors",
+    "probe_spec",
 ]

@@ -121,6 +121,18 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
                       batch_size=batch_size)
 
 
+def probe_spec(env_config: Mapping[str, Any]) -> EnvSpec:
+    """The ``EnvSpec`` of ``env_config``'s env (for one env), from one env built and closed at
+    once: how validation checks an algorithm against the env's spaces before anything else is
+    built. Raises ``UnknownEnvError`` / ``ConfigError`` as ``make_env`` does."""
+    check_available(env_config)
+    env = make_env(env_config, num_envs=1, seed=0)
+    try:
+        return env.spec
+    finally:
+        env.close()
+
+
 def check_available(env_config: Mapping[str, Any]) -> None:
     """Raises a ``ConfigError`` saying what to install if ``env_config`` asks for an env whose
     Python package or renderer is missing here (for validation, before anything is built)."""
@@ -134,17 +146,6 @@ def _require_dmc(env_id: str) -> None:
     if env_id.lower() in HOST_ENVS or infer_family(env_id) != "dmc":
         raise ConfigError(f"env.pixels=True renders DMC tasks with dm_control (e.g. "
                           f"WalkerWalk-v1, CheetahRun-v1); {env_id} is not one.")
-
-
-def require_continuous_vectors(env: EnvPoolEnv, who: str) -> EnvPoolEnv:
-    """``env`` if it has vector observations and a continuous action box; otherwise closes it
-    and raises a ``ConfigError`` saying ``who`` needs that."""
-    spec = env.spec
-    if spec.discrete or len(spec.obs_shape) != 1:
-        env.close()
-        raise ConfigError(f"{who} acts in continuous action spaces from vector observations; "
-                          f"{spec.env_id} has obs {spec.obs_shape}, discrete={spec.discrete}.")
-    return env
 
 
 def _is_float64(space: Any) -> bool:

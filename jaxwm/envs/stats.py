@@ -11,8 +11,10 @@ Counting convention (matches envpool's ``info['elapsed_step']`` at the end of an
 * Both accumulate across lost lives and reset only when ``episode_over`` (the real game over
   or a truncation), which is the step at which the episode is reported.
 
-Feed ``update`` the result of every ``step`` in order, *not* the result of ``reset``: a fresh
-``EpisodeStats`` assumes the next result is the first real step of each env.
+Feed ``update`` the result of every ``step`` in order. A fresh ``EpisodeStats`` assumes the
+next result is the first real step of each env; ``create(n, awaiting_reset=True)`` instead
+expects the reset's result first and skips it (the acting layer feeds it every row it acts
+on, the reset observations included).
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ class EpisodeStats:
     after_done: jax.Array  # bool: the previous step ended a (life or) episode
 
     @classmethod
-    def create(cls, num_envs: int) -> EpisodeStats:
+    def create(cls, num_envs: int, awaiting_reset: bool = False) -> EpisodeStats:
         return cls(
             running_return=jnp.zeros(num_envs, jnp.float32),
             running_length=jnp.zeros(num_envs, jnp.int32),
-            after_done=jnp.zeros(num_envs, bool),
+            after_done=jnp.full(num_envs, awaiting_reset, bool),
         )
 
     def update(self, res: StepResult) -> tuple[EpisodeStats, dict[str, jax.Array]]:

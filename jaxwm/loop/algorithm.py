@@ -16,16 +16,23 @@ An algorithm is a frozen bundle of functions. The loop knows nothing else about 
   device by the algorithm (``parallel.put_readonly`` shards the large ones), handed to the
   hooks that read them as arguments, so they are neither checkpointed nor baked into a
   compiled program as constants.
+* ``phase_hooks``: hooks derived from the config for phases whose ``hooks`` the config
+  leaves empty (DreamerV3's ``collect:M, update_model:K`` from its train ratio); the config
+  itself is never rewritten.
 * ``predicates[name](state) -> bool``: conditions a phase may end on early
   (``until=name``: ensemble early stopping, a density model's patience); read on the host
   once per cycle of such a phase.
-* ``policy``: what the evaluator needs to act in a separate env pool.
-* ``persistent(state)``: the part of the state a checkpoint holds (default: all of it). State
-  tied to live envs (per-env observations, recurrent carries, episode statistics) is left
-  out: envpool's C++ env state cannot be saved, so envs restart their episodes on resume.
+* ``policy`` and ``policy_params(state)``: what the evaluator acts with in a separate env
+  pool, the ``jaxwm.envs.acting.Policy`` that training collection uses too, and its
+  parameters in a state. ``num_seeds`` N > 1: the state holds N independent agents
+  (``loop.seeds``), and the policy is grouped (``acting.grouped``). ``score_reference``
+  (min, max) returns, where known, make the evaluator report D4RL's normalised score.
+* ``persistent(state)``: the part of the state a checkpoint holds. The default drops every
+  ``acting.ActorState`` in it (per-env observations, policy carries, episode statistics):
+  envpool's C++ env state cannot be saved, so envs restart their episodes on resume.
 * ``on_restore(fresh, saved) -> state``: the state to continue from, given a freshly
-  initialised one (its envs just reset) and the restored ``persistent`` part (default: the
-  saved part itself). Everything saved continues exactly.
+  initialised one (its envs just reset) and the restored ``persistent`` part; the default puts
+  ``fresh``'s actor states into ``saved``. Everything saved continues exactly.
 
 Hook names are free. RL Lab's conventional ones, used by the configs in this repository, are
 ``collect``, ``update_model``, ``update_agent`` and ``imagine``; ``evaluate`` is reserved for
@@ -33,8 +40,8 @@ the loop's evaluator and ``iterations`` (cycles through a phase's hooks) is a un
 has. Conventional counter names: ``env_steps`` (real environment steps; SPS and the default
 x-axis), ``model_updates``, ``agent_updates``.
 
-The one impurity allowed: an algorithm that steps envpool through its XLA interface keeps the
-env handle in a small host-side holder (see docs/architecture.md).
+The one impurity allowed: envpool's XLA handle, an opaque pointer to C++ env state, lives in
+its ``acting.Actor`` on the host, outside the state (see docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+
+from jaxwm.envs.acting import ActorState, Policy
 
 CONVENTIONAL_HOOKS = ("collect", "update_model", "update_agent", "imagine")
 EVALUATE = "evaluate"  # served by the loop's evaluator
@@ -78,19 +87,19 @@ class Hook:
             _check_name(name, "Hook input/output")
 
 
-@dataclasses.dataclass(frozen=True)
-class Policy:
-    """Acting for evaluation: ``init_carry(state, num_envs) -> carry`` and
-    ``act(state, carry, obs, is_first, key, temperature) -> (carry, action)`` (jitted;
-    ``temperature`` 0 is the distribution's mode, 1 the policy as trained). With
-    ``num_seeds`` N > 1 (``loop.seeds``) the envs are N groups of equal size, seed-major, and
-    ``key`` has a seed axis. ``score_reference`` (min, max) returns, where known, make the
-    evaluator report D4RL's normalised score ``100 (R - min) / (max - min)`` too."""
+def _is_actor(x) -> bool:
+    return isinstance(x, ActorState)
 
-    init_carry: Callable[[Any, int], Any]
-    act: Callable[..., tuple[Any, jax.Array]]
-    num_seeds: int = 1
-    score_reference: tuple[float, float] | None = None
+
+def drop_actors(state):
+    """``state`` without its ``ActorState``s (``None`` in their place): what a checkpoint
+    holds by default."""
+    return jax.tree.map(lambda x: None if _is_actor(x) else x, state, is_leaf=_is_actor)
+
+
+def restore_actors(fresh, saved):
+    """``saved`` (a ``drop_actors`` tree) with ``fresh``'s ``ActorState``s put back."""
+    return jax.tree.map(lambda f, s: f if _is_actor(f) else s, fresh, saved, is_leaf=_is_actor)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,10 +108,14 @@ class Algorithm:
     init: Callable[[jax.Array], Any]
     hooks: Mapping[str, Hook]
     policy: Policy | None = None
+    policy_params: Callable[[Any], Any] = lambda state: state
+    num_seeds: int = 1
+    score_reference: tuple[float, float] | None = None
     data: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     predicates: Mapping[str, Callable[[Any], Any]] = dataclasses.field(default_factory=dict)
-    persistent: Callable[[Any], Any] = lambda state: state
-    on_restore: Callable[[Any, Any], Any] = lambda fresh, saved: saved
+    phase_hooks: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    persistent: Callable[[Any], Any] = drop_actors
+    on_restore: Callable[[Any, Any], Any] = restore_actors
     close: Callable[[], None] = lambda: None
 
     def __post_init__(self):

@@ -1,6 +1,7 @@
 """Evaluation on its own env pool, on the host path (no XLA handle), with optional video.
 
-Runs the algorithm's policy at ``eval.temperature`` (0: the distribution's mode; 1: the
+Runs the algorithm's policy (the ``jaxwm.envs.acting.Policy`` its training collection acts
+with, jitted here, its ``extras`` dropped) at ``eval.temperature`` (0: the distribution's mode; 1: the
 policy as trained; SimPLe evaluates at 0.5) and reports the mean/std raw return of
 ``eval.num_episodes`` real episodes (``episode_over``: for Atari, game over, not a lost life).
 
@@ -10,8 +11,9 @@ evenly as possible, so the pool has at most ``num_episodes`` envs) and only its 
 would over-sample short episodes, and so bias the return toward whatever makes episodes end
 early (in CartPole, failing).
 
-With several seeds (``Policy.num_seeds``) the pool holds each seed's envs in turn, every
-seed gets the same quotas, and the metrics are ``PerSeed``: each seed's mean.
+With several seeds (``Algorithm.num_seeds``; the policy is then ``acting.grouped``) the pool
+holds each seed's envs in turn, every seed gets the same quotas, and the metrics are
+``PerSeed``: each seed's mean.
 
 Noisy evaluation (GORMPO's robustness wrappers, ``RandomNormalNoisyActions`` /
 ``RandomNormalNoisyTransitions``): ``eval.action_noise`` adds N(0, sigma^2) to every action
@@ -19,7 +21,7 @@ dimension before the env sees it (then clipped to the action box) and ``eval.obs
 adds N(0, sigma^2) to the observations the policy sees; both at once is their combined
 wrapper. The noise has its own generator seeded from the run's seed, so evaluations repeat.
 
-Where the policy knows reference returns (``Policy.score_reference``, an offline dataset's),
+Where the algorithm knows reference returns (``Algorithm.score_reference``, an offline dataset's),
 D4RL's normalised score is reported beside the return: ``eval/normalized_score`` and its std
 over episodes.
 
@@ -33,11 +35,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxwm import backend
 from jaxwm.config import ConfigError
-from jaxwm.data.datasets import normalized_score
 from jaxwm.envs import EpisodeStats, make_env
 from jaxwm.loop import seeds
 from jaxwm.loop.metrics import PerSeed, Video
+from jaxwm.scores import normalized_score
 
 
 def episode_quotas(num_episodes: int, num_envs: int) -> np.ndarray:
@@ -48,10 +51,17 @@ def episode_quotas(num_episodes: int, num_envs: int) -> np.ndarray:
 
 
 class Evaluator:
-    def __init__(self, config, policy, env=None, seed_offset: int = 10_000):
+    """Evaluates ``policy`` with the parameters ``params_of(state)``."""
+
+    def __init__(self, config, policy, params_of=lambda state: state, num_seeds: int = 1,
+                 score_reference=None, env=None, seed_offset: int = 10_000):
         self.config = config.eval
         self.policy = policy
-        self.num_seeds = policy.num_seeds
+        self.params_of = params_of
+        self.score_reference = score_reference
+        self.act = backend.jit(lambda params, carry, obs, is_first, key, temperature:
+                               policy.act(params, carry, obs, is_first, key, temperature)[:2])
+        self.num_seeds = num_seeds
         self.quotas = np.tile(episode_quotas(config.eval.num_episodes, config.eval.num_envs),
                               self.num_seeds)
         self.env = env if env is not None else make_env(
@@ -72,11 +82,17 @@ class Evaluator:
                               f"{config.env.id}'s is discrete. Set --config.eval.action_noise=0.")
         self.noise = np.random.default_rng(config.seed + seed_offset)
 
+    @classmethod
+    def for_algorithm(cls, config, algorithm) -> Evaluator:
+        return cls(config, algorithm.policy, algorithm.policy_params, algorithm.num_seeds,
+                   algorithm.score_reference)
+
     def run(self, state, key) -> dict:
         env, quotas = self.env, self.quotas
         temperature = jnp.float32(self.config.temperature)
         res = env.reset()
-        carry = self.policy.init_carry(state, env.spec.num_envs)
+        params = self.params_of(state)
+        carry = self.policy.init_carry(params, env.spec.num_envs)
         is_first = np.ones(env.spec.num_envs, bool)
         stats = EpisodeStats.create(env.spec.num_envs)
         returns = [[] for _ in quotas]
@@ -92,7 +108,7 @@ class Evaluator:
             obs = res.obs
             if self.obs_noise:
                 obs = obs + self.noise.normal(0.0, self.obs_noise, obs.shape).astype(obs.dtype)
-            carry, action = self.policy.act(state, carry, obs, is_first, act_key, temperature)
+            carry, action = self.act(params, carry, obs, is_first, act_key, temperature)
             action = np.asarray(action)
             if self.action_noise:
                 action = np.clip(action + self.noise.normal(0.0, self.action_noise, action.shape),
@@ -128,8 +144,8 @@ class Evaluator:
         stats = {"eval/episodic_return": [np.mean(r) for r in returns],
                  "eval/episodic_return_std": [np.std(r) for r in returns],
                  "eval/episodic_length": [np.mean(n) for n in lengths]}
-        if self.policy.score_reference is not None:
-            scores = [normalized_score(r, self.policy.score_reference) for r in returns]
+        if self.score_reference is not None:
+            scores = [normalized_score(r, self.score_reference) for r in returns]
             stats["eval/normalized_score"] = [np.mean(s) for s in scores]
             stats["eval/normalized_score_std"] = [np.std(s) for s in scores]
         wrap = (lambda v: float(v[0])) if self.num_seeds == 1 else \

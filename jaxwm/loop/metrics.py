@@ -28,27 +28,7 @@ import jax
 import numpy as np
 from flax import struct
 
-
-@struct.dataclass
-class Video:
-    """``frames``: [T, H, W, C] with C in (1, 3), uint8 or float in [0, 1]."""
-
-    frames: jax.Array
-    fps: int = struct.field(pytree_node=False, default=15)
-
-
-@struct.dataclass
-class Image:
-    """``pixels``: [H, W, C] with C in (1, 3), uint8 or float in [0, 1]."""
-
-    pixels: jax.Array
-
-
-@struct.dataclass
-class Histogram:
-    """``values``: any shape; a window's values are pooled."""
-
-    values: jax.Array
+from jaxwm.media import Histogram, Image, Video  # noqa: F401 (metric types, re-exported)
 
 
 @struct.dataclass

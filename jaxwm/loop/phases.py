@@ -77,9 +77,11 @@ def parse_hook(text: str) -> tuple[str, int]:
     return name, int(repeat) if repeat else 1
 
 
-def phases_from_config(config) -> list[Phase]:
+def phases_from_config(config, derived: Mapping[str, tuple[str, ...]] | None = None
+                       ) -> list[Phase]:
     """Reads ``config.phase_order`` / ``config.phases`` (syntax only; ``check_phases``
-    checks them against an algorithm)."""
+    checks them against an algorithm). ``derived``: hooks for phases whose ``hooks`` the
+    config leaves empty (``Algorithm.phase_hooks``)."""
     order = tuple(config.phase_order)
     declared = set(config.phases.keys())
     if not order:
@@ -94,7 +96,7 @@ def phases_from_config(config) -> list[Phase]:
         if int(spec.duration) <= 0:
             raise ConfigError(f"phases.{name}.duration must be > 0, got {spec.duration}.")
         hooks = []
-        for text in spec.hooks:
+        for text in tuple(spec.hooks) or tuple((derived or {}).get(name, ())):
             try:
                 hook, repeat = parse_hook(text)
             except ValueError:

@@ -28,6 +28,12 @@ def loop_key(seed: int, num_seeds: int, stride: int) -> jax.Array:
     return jax.vmap(jax.random.PRNGKey)(seed + stride * jnp.arange(num_seeds))
 
 
+def run_seeds(config) -> list[int]:
+    """The seed of each of a config's ``num_seeds`` agents, as a one-seed run would have it
+    (``--config.seed``): for host-side randomness an algorithm draws per seed."""
+    return [config.seed + k * config.env.num_envs for k in range(config.num_seeds)]
+
+
 def split(key: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``jax.random.split(key)`` as two keys, per seed where ``key`` has a seed axis."""
     if key.ndim == 1:
@@ -37,38 +43,9 @@ def split(key: jax.Array) -> tuple[jax.Array, jax.Array]:
     return keys[:, 0], keys[:, 1]
 
 
-def env_step_over_seeds(env_step, num_seeds: int):
-    """``env_step(handle, action [E_total])`` made callable under ``vmap`` over seeds.
-
-    envpool's XLA step is one custom call over the whole pool and has no batching rule.
-    Under ``vmap``, actions [N, E] become one call on [N * E] (seed k's actions are envs
-    k*E .. (k+1)*E - 1, the pool's order) and the results are split back into [N, E]; the
-    handle stays unbatched, as there is one pool.
-    """
-
-    def pool_step(handle, action):  # action [N, E] -> results [N, E]
-        handle, result = env_step(handle, action.reshape((-1,) + action.shape[2:]))
-        return handle, split_pool(result, num_seeds)
-
-    @jax.custom_batching.custom_vmap
-    def step(handle, action):
-        # Seen unbatched only while JAX traces a scan body for its shapes: one seed's view.
-        handle, result = pool_step(handle, jnp.stack([action] * num_seeds))
-        return handle, jax.tree.map(lambda x: x[0], result)
-
-    @step.def_vmap
-    def _over_seeds(axis_size, in_batched, handle, action):
-        handle_batched, action_batched = in_batched
-        if any(jax.tree.leaves(handle_batched)):
-            raise ValueError("The env handle cannot have a seed axis: there is one pool.")
-        if axis_size != num_seeds or not action_batched:
-            raise ValueError(f"The pool steps {num_seeds} seeds' actions at once; got a "
-                             f"batch of {axis_size} (batched: {action_batched}).")
-        handle, result = pool_step(handle, action)
-        return (handle, result), (jax.tree.map(lambda _: False, handle),
-                                  jax.tree.map(lambda _: True, result))
-
-    return step
+def vmap(fn, num_seeds: int, **kwargs):
+    """``fn`` over a leading seed axis (``jax.vmap``), or ``fn`` itself for one seed."""
+    return jax.vmap(fn, **kwargs) if num_seeds > 1 else fn
 
 
 def fold_in(key: jax.Array, data: int) -> jax.Array:
@@ -76,13 +53,3 @@ def fold_in(key: jax.Array, data: int) -> jax.Array:
     if key.ndim == 1:
         return jax.random.fold_in(key, data)
     return jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, data)
-
-
-def split_pool(tree, num_seeds: int):
-    """Leaves [N * E, ...] (the pool's order) -> [N, E, ...]."""
-    return jax.tree.map(lambda x: x.reshape((num_seeds, -1) + x.shape[1:]), tree)
-
-
-def merge_pool(tree):
-    """Leaves [N, E, ...] -> [N * E, ...]."""
-    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), tree)

@@ -49,6 +49,7 @@ from jaxwm.loop.metrics import (
     SCORE_SERIES,
     MetricWindow,
     MetricWriter,
+    PerSeed,
     plot_learning_curve,
     write_eval_csv,
 )
@@ -138,7 +139,7 @@ class Trainer:
         self.algorithm = algorithm
         self.workdir = workdir
         self.evaluator = evaluator
-        phases = phases_from_config(config)
+        phases = phases_from_config(config, algorithm.phase_hooks)
         check_phases(phases, algorithm, can_evaluate=evaluator is not None)
         self.clocks = {"log": Clock.parse(config.log.every, "log.every"),
                        "checkpoint": Clock.parse(config.checkpoint.every, "checkpoint.every")}
@@ -268,6 +269,12 @@ class Trainer:
             timer.record(EVALUATE, seconds, first_apart=False)
             timer.count(EVALUATE)
 
+        def per_seed(metrics):  # with N seeds every scalar a hook returns is [N]
+            if algorithm.num_seeds == 1:
+                return metrics
+            return {k: v if isinstance(v, (*MEDIA, PerSeed)) else PerSeed(v)
+                    for k, v in metrics.items()}
+
         def call(name, state, key):
             if name == EVALUATE:
                 evaluate(state, key)
@@ -287,7 +294,7 @@ class Trainer:
                 raise RuntimeError(f"{algorithm.name} hook {name!r} returned outputs "
                                    f"{sorted(outputs)} but declares writes {list(hook.writes)}.")
             flow.update(outputs)
-            window.add(metrics)
+            window.add(per_seed(metrics))
             return state
 
         try:

@@ -109,8 +109,22 @@ def resolve_encoder(spec, encoder: str) -> str:
 
 
 def validate(spec, net_config) -> None:
-    """Checks the network config against the env before anything is built."""
+    """Checks the network config against the env before anything is built: the backbone's
+    settings, and the encoder against the observations (an image encoder on vectors, or an
+    MLP on images, would fail deep inside the first trace)."""
     backbones.validate(net_config)
+    encoder = resolve_encoder(spec, net_config.encoder)
+    if encoder not in ENCODERS:
+        raise ConfigError(f"network.encoder={encoder!r} is unknown; choose one of {ENCODERS} "
+                          "or 'auto'.")
+    takes_pixels = encoder != "mlp"
+    if takes_pixels != spec.is_pixels:
+        kind = "images" if spec.is_pixels else "vectors"
+        raise ConfigError(
+            f"network.encoder={encoder!r} takes {'images' if takes_pixels else 'vectors'}; "
+            f"{spec.env_id} observes {kind} of shape {spec.obs_shape}. Use a config made for "
+            f"this env family (configs/ppo.py: cartpole, mujoco, atari, minigrid) or "
+            f"--config.network.encoder=auto.")
     if net_config.frames > 1 and spec.is_pixels:
         raise ConfigError(f"network.frames={net_config.frames} stacks vector observations; "
                           f"{spec.env_id} has pixels: set env.frame_stack instead (Atari).")

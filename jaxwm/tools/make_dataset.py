@@ -1,7 +1,7 @@
 """Make D4RL-format datasets with jaxwm's own SAC; no download needed.
 
-    python -m jaxwm.data.make_dataset --env=Hopper-v4 --level=medium --out=data/hopper-medium.hdf5
-    python -m jaxwm.data.make_dataset --env=Pendulum-v1 --level=medium-replay --out=data/p.hdf5
+    python -m jaxwm.tools.make_dataset --env=Hopper-v4 --level=medium --out=data/hopper-medium.hdf5
+    python -m jaxwm.tools.make_dataset --env=Pendulum-v1 --level=medium-replay --out=data/p.hdf5
 
 Levels as D4RL defines them (Fu et al. 2020, sec. 5; REFERENCE.md):
 
@@ -32,6 +32,7 @@ import datetime
 import json
 import os
 import sys
+import tempfile
 
 import jax
 import numpy as np
@@ -41,6 +42,7 @@ import jaxwm
 import jaxwm.config
 from jaxwm.agents import sac
 from jaxwm.data import datasets
+from jaxwm.envs import acting, make_env
 
 LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
 MEDIUM_FRACTION = 1 / 3
@@ -91,45 +93,32 @@ def load_snapshot(config, workdir: str, env_steps: int):
         raise
 
 
-def rollout(env_config, make_act, params, size: int, num_envs: int, seed: int, desc: str):
-    """``size`` valid transitions from ``num_envs`` envs acting by ``make_act(spec)(params,
-    obs, key)`` (or uniformly at random when ``make_act`` is None), each env's steps
-    contiguous; plus the returns of the episodes completed."""
-    from jaxwm.envs import make_env, transitions
-
-    env = make_env(env_config, num_envs=num_envs, seed=seed)
-    spec = env.spec
-    low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
-    act = make_act(spec) if make_act is not None else None
+def rollout(env_config, policy_for, params, size: int, num_envs: int, seed: int, desc: str):
+    """``size`` valid transitions from ``num_envs`` envs acting by ``policy_for(spec)`` (an
+    ``acting.Policy``) with ``params``, through the acting layer's collect in chunks of 1000
+    steps, each env's steps contiguous; plus the returns of the episodes completed."""
     chunk = 1000
 
-    @jax.jit
-    def run_chunk(params, cursor, handle, key):
-        def choose(obs, k):
-            if act is None:
-                return jax.random.uniform(k, (num_envs,) + low.shape, minval=low, maxval=high)
-            return act(params, obs, k)
+    def finish(params, start, steps, final, completed):
+        del params, start
+        nxt = acting.successors(steps, final)
+        row = {"observations": steps.obs, "actions": steps.action, "rewards": nxt["reward"],
+               "terminals": nxt["terminated"], "next_observations": nxt["obs"]}
+        return final.carry, (row, steps.valid, completed)
 
-        cursor, handle, steps, valid, completed = transitions.collect(
-            env.xla_step, cursor, handle, choose, key, chunk)
-        row = {"observations": steps["obs"], "actions": steps["action"],
-               "rewards": steps["reward"], "terminals": steps["terminated"],
-               "next_observations": steps["next_obs"]}
-        unflatten = lambda x: x.reshape((chunk, num_envs) + x.shape[1:])  # noqa: E731
-        return (cursor, handle), (jax.tree.map(unflatten, row), unflatten(valid), completed)
-
-    handle, first = env.xla_reset()
-    carry = (transitions.Cursor.start(first.obs), handle)
+    env = make_env(env_config, num_envs=num_envs, seed=seed)
+    actor = acting.Actor(env, policy_for(env.spec), chunk, finish=finish)
     rows, valids, returns = [], [], []
     key = jax.random.PRNGKey(seed)
     steps_per_env = -(-size // num_envs) + 1  # + the reset transitions dropped below
     try:
+        state = actor.init(params)
         with tqdm(total=size, desc=desc, unit="step", disable=None) as bar:
             collected = 0
             while collected < size:
                 key, k = jax.random.split(key)
-                carry, (row, valid, completed) = run_chunk(params, *carry, k)
-                row, valid, completed = jax.device_get((row, valid, completed))
+                state, out = actor.collect(params, state, k)
+                row, valid, completed = jax.device_get(out)
                 rows.append(row)
                 valids.append(valid)
                 returns.extend(completed["return"][completed["mask"]].tolist())
@@ -139,7 +128,7 @@ def rollout(env_config, make_act, params, size: int, num_envs: int, seed: int, d
                 if len(rows) * chunk > 50 * steps_per_env:
                     raise RuntimeError("too many reset transitions; is the env ending at once?")
     finally:
-        env.close()
+        actor.close()
     time_major = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}  # [T, n, ...]
     valid = np.concatenate(valids)  # [T, n]
     per_env = [{k: v[valid[:, i], i] for k, v in time_major.items()} for i in range(num_envs)]
@@ -177,13 +166,41 @@ def episode_returns(arrays) -> list[float]:
     return [float(arrays["rewards"][s:e + 1].sum()) for s, e in zip(starts, ends, strict=True)]
 
 
+def check(env_id: str, level: str, out: str, size: int, num_envs: int, overwrite: bool):
+    """Everything a user can get wrong, before any env steps or any agent trains: the level,
+    the sizes, the env (continuous actions from vector observations: the behaviour agent is
+    SAC, and D4RL's layout is for such tasks) and the output path."""
+    if level not in LEVELS:
+        raise ValueError(f"Unknown level {level!r}; choose one of {LEVELS}.")
+    if size <= 0 or num_envs <= 0:
+        raise ValueError(f"--size ({size}) and --num_envs ({num_envs}) must be > 0.")
+    probe = make_env({"id": env_id}, num_envs=1, seed=0)
+    spec = probe.spec
+    probe.close()
+    if spec.discrete or len(spec.obs_shape) != 1:
+        raise ValueError(
+            f"{env_id} has {'discrete actions' if spec.discrete else 'pixel observations'}; "
+            "make_dataset writes D4RL-style datasets of continuous-control tasks with vector "
+            "observations (its behaviour agent is SAC), e.g. Pendulum-v1 or Hopper-v4.")
+    path = os.path.expanduser(out)
+    if os.path.isdir(path):
+        raise datasets.DatasetError(f"--out={out} is a directory; name the HDF5 file to write.")
+    if os.path.exists(path) and not overwrite:
+        raise datasets.DatasetError(f"{out} exists; choose another --out or pass --overwrite.")
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".jaxwm_write_test"):
+            pass
+    except OSError as e:
+        raise datasets.DatasetError(f"--out={out} cannot be written ({e.strerror or e}); "
+                                    "choose a directory you can write to.") from None
+
+
 def make(env_id: str, level: str, out: str, size: int = 1_000_000, train_steps: int = 0,
          snapshot_every: int = 0, num_envs: int = 10, seed: int = 0, workdir: str = "",
          overwrite: bool = False) -> str:
-    if level not in LEVELS:
-        raise ValueError(f"Unknown level {level!r}; choose one of {LEVELS}.")
-    if os.path.exists(os.path.expanduser(out)) and not overwrite:
-        raise datasets.DatasetError(f"{out} exists; choose another --out or pass --overwrite.")
+    check(env_id, level, out, size, num_envs, overwrite)
     pendulum = env_id.startswith("Pendulum")
     train_steps = train_steps or (20_000 if pendulum else 1_000_000)
     snapshot_every = snapshot_every or max(1, train_steps // 20)
@@ -191,7 +208,7 @@ def make(env_id: str, level: str, out: str, size: int = 1_000_000, train_steps: 
                                       f"sac-{env_id}-seed{seed}")
     config = behaviour_config(env_id, train_steps, snapshot_every, seed)
     env_config = dict(config.env)
-    random_arrays, random_returns = rollout(env_config, None, None,
+    random_arrays, random_returns = rollout(env_config, acting.uniform, None,
                                             size if level == "random" else
                                             min(size, 20 * 1000), num_envs, seed + 1,
                                             "random policy")
@@ -225,12 +242,12 @@ def make(env_id: str, level: str, out: str, size: int = 1_000_000, train_steps: 
             state, algo = load_snapshot(config, workdir, step)
             algo.close()
 
-            def make_act(spec):  # SAC's sampled actions (temperature 1)
+            def policy_for(spec):  # SAC's sampled actions (temperature 1)
                 box = sac.ActionBox(np.asarray(spec.action_low), np.asarray(spec.action_high))
-                nets = sac.SACNets.create(box, config.sac.actor_hidden, config.sac.critic_hidden)
-                return lambda actor, obs, key: nets.act(actor, obs, key)[0]
+                return sac.policy(sac.SACNets.create(box, config.sac.actor_hidden,
+                                                     config.sac.critic_hidden))
 
-            return rollout(env_config, make_act, state.learner.actor, size, num_envs,
+            return rollout(env_config, policy_for, state.learner.actor, size, num_envs,
                            rollout_seed, desc)[0]
 
         if level == "medium-replay":

@@ -1,0 +1,508 @@
+"""The acting layer: one policy interface and one env-stepping scan for every algorithm.
+
+In the spirit of brax's ``acting.py`` (one ``generate_unroll`` shared by PPO and SAC) and
+dreamerv3's driver (one loop steps the envs with the agent's carry-passing policy):
+
+* **Policy.** ``act(params, carry, obs, is_first, key, temperature=1.0) -> (carry, action,
+  extras)`` and ``init_carry(params, num_envs) -> carry`` are the only way anything in jaxwm
+  acts, in training collection and in evaluation alike. ``carry`` is whatever the policy
+  keeps between steps (a recurrent state, an RSSM posterior and the last action, a planner's
+  warm start, running observation statistics); ``is_first`` marks where an episode starts, so
+  the policy resets it there. ``extras`` is what a learner keeps from acting besides the
+  action (PPO: the log-probability and value), ``{}`` for most. Departure from the plain
+  ``(carry, action)`` form: without ``extras`` PPO would run its network twice per step.
+  ``temperature`` (0: the mode, 1: the policy as trained) matters only to evaluation.
+  Random warm-up is a policy (``uniform``, switched in by ``warmup``), and so is a pool split
+  into groups that act with different parameters (``grouped``: several seeds, CMA-ES
+  candidates).
+* **Env.** ``EnvStep`` is how the scan talks to an environment: ``recv`` hands it the rows
+  to act on next, ``send`` their actions. ``sync(step)`` wraps any ``step(env_state, action)
+  -> (env_state, StepResult)``: envpool's XLA step (``envpool``), a host env's io_callback step
+  (Crafter, dm_control pixels: the same interface), or a learned model (SimPLe's simulator, a
+  World Models dream: a pure function of its own state). ``envpool(env)`` of an
+  asynchronous pool is envpool's recv/send instead, where each step's rows are the
+  ``batch_size`` envs that finished first, with their ids.
+* **The scan.** ``rollout`` is the one ``lax.scan`` over env steps in the library: recv ->
+  bookkeeping -> act -> send, ``num_steps`` times. It returns the final ``ActorState`` and a
+  ``Steps`` record per step, time-major ``[T, B]``: the rows acted on (observation and what
+  arrived with it: reward, flags, ``is_first``), the action and the extras. A transition's own
+  reward and next observation arrive with the *next* row of its env (``successors`` for
+  synchronous pools, ``stream_transitions`` for asynchronous ones).
+* **ActorState** is everything that belongs to the live envs between two collects: the rows
+  received but not yet acted on (synchronous pools), the policy carry, episode statistics.
+  envpool cannot save its C++ state, so it is never checkpointed: ``loop.algorithm``'s default
+  ``persistent``/``on_restore`` drop every ``ActorState`` in a state and put fresh ones back
+  (envs restart their episodes on resume).
+* **Actor** owns what is not a pure function: the env pool, its XLA handle (an opaque pointer
+  to C++ state, so kept out of the state pytree in this one host-side slot), the device the
+  pool's programs run on (a process's own first device: envpool's custom call runs on the
+  host, and a replicated program would step the envs once per device), and the jitted
+  collect, donating the ``ActorState``.
+
+Auto-reset (envpool's, ``envs.types``): the row after an episode's final observation is the
+first observation of the next episode (reward 0, flags False), and the action taken at the
+final observation is ignored: such a transition is invalid (``Steps.valid``). The first rows
+of a fresh pool are its reset observations; the statistics skip them (``EpisodeStats``
+starts ``after_done``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxwm import backend, parallel
+from jaxwm.envs.stats import EpisodeStats, episode_metrics
+from jaxwm.envs.types import EnvSpec, StepResult
+
+# ----------------------------------------------------------------------------- policies
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """``init_carry(params, num_envs) -> carry``; ``act(params, carry, obs [n, ...], is_first
+    [n], key, temperature=1.0) -> (carry, action [n, ...], extras)`` (module docstring). The
+    carry ``init_carry`` returns must own its buffers (copy what it takes from ``params``):
+    collection donates the actor's state, and with it the carry."""
+
+    init_carry: Callable[[Any, int], Any]
+    act: Callable[..., tuple[Any, jax.Array, dict]]
+
+
+def stateless(act: Callable[[Any, jax.Array, jax.Array, Any], jax.Array]) -> Policy:
+    """A policy without memory from ``act(params, obs, key, temperature) -> action``."""
+    def act_with_carry(params, carry, obs, is_first, key, temperature=1.0):
+        del is_first
+        return carry, act(params, obs, key, temperature), {}
+
+    return Policy(init_carry=lambda params, n: (), act=act_with_carry)
+
+
+def uniform_action(spec: EnvSpec, key: jax.Array, num_envs: int) -> jax.Array:
+    """Uniform random actions: over the discrete actions, or over the env's box."""
+    if spec.discrete:
+        return jax.random.randint(key, (num_envs,), 0, spec.num_actions)
+    low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
+    return jax.random.uniform(key, (num_envs,) + tuple(spec.action_shape), minval=low,
+                              maxval=high)
+
+
+def uniform(spec: EnvSpec) -> Policy:
+    """Acts uniformly at random (``params`` unused): D4RL's random level, warm-up."""
+    return stateless(lambda params, obs, key, temperature: uniform_action(spec, key,
+                                                                          obs.shape[0]))
+
+
+def warmup(policy: Policy, random_action: Callable[[jax.Array, int], jax.Array]) -> Policy:
+    """``policy`` or random actions, switched by a device flag: params are ``(random,
+    policy_params)`` with ``random`` a bool scalar, so the switch never recompiles.
+
+    While random, the carry is left as it is: the policy takes over with the carry it would
+    have started from (dreamerv3's driver resets to the agent's initial carry after its
+    random prefill the same way). The key is split ``(random, policy)``; the policy's extras
+    must be empty (a learner that keeps extras learns on-policy and has no warm-up).
+    """
+
+    def act(params, carry, obs, is_first, key, temperature=1.0):
+        random, inner = params
+        k_random, k_policy = jax.random.split(key)
+
+        def by_policy():
+            new_carry, action, extras = policy.act(inner, carry, obs, is_first, k_policy,
+                                                   temperature)
+            if extras:
+                raise ValueError("warmup() wraps policies without extras.")
+            return new_carry, action
+
+        def at_random():
+            return carry, random_action(k_random, obs.shape[0]).astype(action_type.dtype)
+
+        action_type = jax.eval_shape(by_policy)[1]
+        new_carry, action = jax.lax.cond(random, at_random, by_policy)
+        return new_carry, action, {}
+
+    return Policy(init_carry=lambda params, n: policy.init_carry(params[1], n), act=act)
+
+
+def grouped(policy: Policy, groups: int) -> Policy:
+    """``policy`` acting in one pool split into ``groups`` equal, contiguous groups of envs,
+    each with its own parameters, carry and key: ``params``, ``carry`` and ``key`` get a
+    leading group axis, observations, ``is_first``, actions and extras stay pool-wide
+    ``[groups * n]`` (group-major, the pool's order). ``groups == 1`` is ``policy`` itself.
+
+    Used for several seeds in one process (``--config.num_seeds``: group k acts exactly as a
+    one-seed run with the same parameters and key would) and for evaluating a population
+    (CMA-ES candidates)."""
+    if groups == 1:
+        return policy
+
+    def init_carry(params, num_envs):
+        if num_envs % groups:
+            raise ValueError(f"{num_envs} envs do not split into {groups} equal groups.")
+        return jax.vmap(lambda p: policy.init_carry(p, num_envs // groups))(params)
+
+    def act(params, carry, obs, is_first, key, temperature=1.0):
+        carry, action, extras = jax.vmap(
+            lambda p, c, o, f, k: policy.act(p, c, o, f, k, temperature))(
+            params, carry, split_groups(obs, groups), split_groups(is_first, groups), key)
+        return carry, merge_groups(action), merge_groups(extras)
+
+    return Policy(init_carry=init_carry, act=act)
+
+
+def split_groups(tree, groups: int):
+    """Leaves ``[groups * n, ...]`` (the pool's order) -> ``[groups, n, ...]``."""
+    return jax.tree.map(lambda x: x.reshape((groups, -1) + x.shape[1:]), tree)
+
+
+def merge_groups(tree):
+    """Leaves ``[groups, n, ...]`` -> ``[groups * n, ...]``."""
+    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), tree)
+
+
+# ----------------------------------------------------------------------------- envs
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvStep:
+    """How ``rollout`` talks to an environment (module docstring).
+
+    * ``start() -> (env_state, pending)``, on the host: a fresh pool and its first rows
+      (``None`` where ``recv`` fetches them);
+    * ``recv(env_state, pending) -> (env_state, ids, StepResult)``: the rows to act on next;
+      ``ids`` are the envs they belong to, ``None`` for all envs in order;
+    * ``send(env_state, ids, action) -> (env_state, pending)``: their actions.
+    """
+
+    start: Callable[[], tuple[Any, StepResult | None]]
+    recv: Callable[[Any, StepResult | None], tuple[Any, jax.Array | None, StepResult]]
+    send: Callable[[Any, jax.Array | None, jax.Array], tuple[Any, StepResult | None]]
+    is_async: bool = False
+
+
+def sync(step: Callable[[Any, jax.Array], tuple[Any, StepResult]],
+         start: Callable[[], tuple[Any, StepResult]]) -> EnvStep:
+    """Every env steps at once: ``step(env_state, action) -> (env_state, StepResult)``, the
+    result received by the next ``recv``. ``start() -> (env_state, first StepResult)``."""
+    return EnvStep(start=start, recv=lambda env_state, pending: (env_state, None, pending),
+                   send=lambda env_state, ids, action: step(env_state, action))
+
+
+def envpool(env) -> EnvStep:
+    """An ``EnvPoolEnv`` (or ``HostEnv``) pool: its XLA step and reset, synchronous or, for a
+    pool built with ``batch_size`` < ``num_envs``, asynchronous."""
+    if not getattr(env, "is_async", False):
+        return sync(env.xla_step, env.xla_reset)
+
+    def recv(handle, pending):
+        del pending
+        return env.xla_recv(handle)
+
+    return EnvStep(start=lambda: (env.xla_async_reset(), None), recv=recv,
+                   send=lambda handle, ids, action: (env.xla_send(handle, action, ids), None),
+                   is_async=True)
+
+
+# ----------------------------------------------------------------------------- the scan
+
+
+@struct.dataclass
+class ActorState:
+    """The live envs between collects (never checkpointed): ``pending``, the rows received
+    and not yet acted on (synchronous pools; ``None`` otherwise), the policy's ``carry`` and
+    per-env ``stats`` (whose ``after_done`` is each env's "the next observation starts an
+    episode")."""
+
+    pending: StepResult | None
+    carry: Any
+    stats: EpisodeStats
+
+    @classmethod
+    def start(cls, pending: StepResult | None, carry: Any, num_envs: int) -> ActorState:
+        return cls(pending, carry, EpisodeStats.create(num_envs, awaiting_reset=True))
+
+
+@struct.dataclass
+class Steps:
+    """What ``rollout`` records, time-major ``[T, B, ...]``: the rows acted on (``obs`` and
+    what arrived with it: the ``reward`` and flags of the env's previous action, ``is_first``),
+    then ``action`` and the policy's ``extras``. ``ids``: the envs of each row (asynchronous
+    pools), ``None`` when every row is its env."""
+
+    obs: jax.Array
+    is_first: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    action: jax.Array
+    extras: Any
+    ids: jax.Array | None
+
+    @property
+    def done(self) -> jax.Array:
+        """The row's observation is an episode's last: its action is ignored (reset step)."""
+        return self.terminated | self.truncated
+
+    @property
+    def valid(self) -> jax.Array:
+        """The row's action was executed: not envpool's reset transition."""
+        return ~self.done
+
+
+def _take(tree, ids):
+    return jax.tree.map(lambda x: x[ids], tree)
+
+
+def _put(tree, ids, rows):
+    return jax.tree.map(lambda every, these: every.at[ids].set(these), tree, rows)
+
+
+def step_keys(key: jax.Array, num_steps: int) -> jax.Array:
+    """``num_steps`` keys, one per step: ``split(key, num_steps)``, per group where ``key``
+    has a group axis (``[T, groups, 2]``), as each group's own run would split it."""
+    if key.ndim == 1:
+        return jax.random.split(key, num_steps)
+    return jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, num_steps))(key), 0, 1)
+
+
+def rollout(policy: Policy, env: EnvStep, params, actor: ActorState, env_state, key,
+            num_steps: int, temperature=1.0):
+    """``num_steps`` steps of ``env`` under ``policy``, as one ``lax.scan``. Returns
+    ``(actor, env_state, steps, completed)``: the final ``ActorState``, the ``Steps`` record
+    ``[T, B]`` and ``EpisodeStats.update``'s record of the episodes each row finished
+    ``[T, B]`` (for ``episode_metrics``)."""
+
+    def step(carry, step_key):
+        actor, env_state = carry
+        env_state, ids, rows = env.recv(env_state, actor.pending)
+        stats = actor.stats if ids is None else _take(actor.stats, ids)
+        is_first = stats.after_done
+        stats, completed = stats.update(rows)
+        if ids is not None:
+            stats = _put(actor.stats, ids, stats)
+        policy_carry, action, extras = policy.act(params, actor.carry, rows.obs, is_first,
+                                                  step_key, temperature)
+        env_state, pending = env.send(env_state, ids, action)
+        record = Steps(obs=rows.obs, is_first=is_first, reward=rows.reward,
+                       terminated=rows.terminated, truncated=rows.truncated, action=action,
+                       extras=extras, ids=ids)
+        return (ActorState(pending, policy_carry, stats), env_state), (record, completed)
+
+    (actor, env_state), (steps, completed) = jax.lax.scan(
+        step, (actor, env_state), step_keys(key, num_steps))
+    return actor, env_state, steps, completed
+
+
+def successors(steps: Steps, final: ActorState) -> dict[str, jax.Array]:
+    """Synchronous pools: what each step's action led to, ``[T, B]``: the next row's
+    ``obs``, ``reward``, ``terminated``, ``truncated`` and ``is_first``, the last step's from
+    the rows ``final`` holds."""
+    last = final.pending
+    nxt = {"obs": last.obs, "reward": last.reward, "terminated": last.terminated,
+           "truncated": last.truncated, "is_first": final.stats.after_done}
+    return {name: jnp.concatenate([getattr(steps, name)[1:], value[None]])
+            for name, value in nxt.items()}
+
+
+def transitions(steps: Steps, final: ActorState) -> tuple[dict[str, jax.Array], jax.Array]:
+    """Synchronous pools: off-policy transitions ``{obs, action, reward, next_obs,
+    terminated}`` flattened to ``[T * B]`` (time-major), and ``valid``, False for envpool's
+    reset transitions, which a replay or dataset must skip. A truncated step is valid and not
+    terminated, so learners bootstrap it."""
+    nxt = successors(steps, final)
+    batch = {"obs": steps.obs, "action": steps.action, "reward": nxt["reward"],
+             "next_obs": nxt["obs"], "terminated": nxt["terminated"]}
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
+    return jax.tree.map(flat, batch), flat(steps.valid)
+
+
+def stream_transitions(records: dict[str, jax.Array], ids: jax.Array, done: jax.Array,
+                       reward: jax.Array, terminated: jax.Array, truncated: jax.Array,
+                       carried: tuple[str, ...]):
+    """An asynchronous pool's stream ``[T, B]`` -> per-env transitions ``[B, T]`` in each
+    env's time order, for on-policy learners.
+
+    The rows are sorted by env id (stable, so each env's stay in time order); a row's
+    transition takes its ``reward`` and flags from the env's next row, and ``next_<name>`` of
+    every name in ``carried`` (e.g. a value) too. It is valid when that row is in the stream and
+    the row was not an episode's last observation (the reset transition). ``truncated`` is
+    also set where the env's stream ends or the next row has no successor, and at the end of
+    each of the ``B`` rows of ``T`` the sorted stream is cut into, so that a return
+    recursion is cut (and bootstrapped) there. Returns ``(transitions, valid)``."""
+    steps, rows = ids.shape
+    flat = lambda x: x.reshape((steps * rows,) + x.shape[2:])  # noqa: E731
+    order = jnp.argsort(flat(ids), stable=True)
+    sort = lambda x: flat(x)[order]  # noqa: E731
+    env = sort(ids)
+
+    def following(x, fill):  # the next sorted row's x; ``fill`` after the last
+        return jnp.concatenate([x[1:], jnp.full((1,) + x.shape[1:], fill, x.dtype)])
+
+    has_result = following(env, -1) == env
+    cut = ~has_result | ~following(has_result, False)
+    out = {name: sort(x) for name, x in records.items()}
+    out.update(
+        reward=jnp.where(has_result, following(sort(reward), 0), 0.0),
+        terminated=has_result & following(sort(terminated), False),
+        truncated=(has_result & following(sort(truncated), False)) | cut)
+    for name in carried:
+        out[f"next_{name}"] = jnp.where(has_result, following(out[name], 0), 0.0)
+    valid = has_result & ~sort(done)
+    back = lambda x: x.reshape((rows, steps) + x.shape[1:])  # noqa: E731
+    return jax.tree.map(back, out), back(valid)
+
+
+def episode_metrics_by_group(completed, groups: int):
+    """``episode_metrics`` of each group (``[groups]`` per metric); of the pool for 1."""
+    if groups == 1:
+        return episode_metrics(completed)
+    per_group = jax.tree.map(lambda x: jnp.moveaxis(split_groups(jnp.moveaxis(x, -1, 0),
+                                                                 groups), 0, -1), completed)
+    return jax.vmap(episode_metrics)(jax.tree.map(lambda x: jnp.moveaxis(x, -2, 0), per_group))
+
+
+# ----------------------------------------------------------------------------- the actor
+
+
+def _by_group(groups: int, start: ActorState, steps: Steps, final: ActorState, completed):
+    """The rollout of a grouped pool as ``groups`` rollouts: every pool-wide leaf split into a
+    leading group axis (``steps`` and ``completed`` ``[T, groups * n]`` -> ``[groups, T, n]``);
+    carries have it already."""
+    def actor(state):
+        return state.replace(pending=split_groups(state.pending, groups),
+                             stats=split_groups(state.stats, groups))
+
+    def time_major(tree):
+        return jax.tree.map(lambda x: jnp.swapaxes(
+            x.reshape((x.shape[0], groups, -1) + x.shape[2:]), 0, 1), tree)
+
+    return actor(start), time_major(steps), actor(final), time_major(completed)
+
+
+def _keep_all(params, start, steps, final, completed):
+    return final.carry, (steps, completed)
+
+
+class Actor:
+    """An env pool acting under a policy: ``init(params)`` starts the pool and returns its
+    ``ActorState``; ``collect(params, actor, key)`` runs ``rollout`` in one jitted call
+    (donating ``actor``) on the pool's device and returns ``(actor, outputs)``.
+
+    ``finish(params, start, steps, final, completed) -> (carry, outputs)`` is the
+    algorithm's post-processing of a rollout (by default the ``steps`` and ``completed``
+    records themselves), compiled into the same program; it may update the policy carry (PPO
+    keeps its reward-normalisation state there). With ``groups`` > 1 the policy is
+    ``grouped`` and ``finish`` is written for one group and vmapped over them: every argument
+    has a leading group axis (``steps`` ``[groups, T, n]``).
+
+    ``background=True`` overlaps collection with learning (Sebulba-style; Hessel et al. 2021,
+    "Podracer architectures"): ``collect`` returns ``(params the rollout was collected with,
+    (actor, outputs))`` of the rollout a second thread collected during the previous learner
+    step; ``start_next`` starts the next one at once with the params passed (copied: the
+    learner step donates them). The lag is one update; the first collect after a start runs
+    in the foreground.
+    """
+
+    def __init__(self, env, policy: Policy, num_steps: int, *, mesh=None, groups: int = 1,
+                 finish: Callable | None = None, background: bool = False):
+        self.env = env
+        self.env_step = env if isinstance(env, EnvStep) else envpool(env)
+        if groups > 1 and self.env_step.is_async:
+            raise ValueError("An asynchronous pool's rows are whichever envs are ready; it "
+                             "cannot be split into groups.")
+        self.policy = grouped(policy, groups)
+        self.groups = groups
+        self.num_steps = num_steps
+        self.device = parallel.local_device(mesh) if mesh is not None and mesh.size > 1 \
+            else None
+        self._handle = None
+        finish = finish or _keep_all
+        if groups > 1:
+            finish = jax.vmap(finish)
+
+        def collect(params, actor, handle, key):
+            final, handle, steps, completed = rollout(self.policy, self.env_step, params,
+                                                      actor, handle, key, num_steps)
+            views = (actor, steps, final, completed) if groups == 1 else \
+                _by_group(groups, actor, steps, final, completed)
+            carry, out = finish(params, *views)
+            return handle, (final.replace(carry=carry), out)
+
+        self._collect = backend.jit(collect, donate_argnums=1)
+        # The background program keeps its input ActorState: the state still refers to it.
+        self._background = _Background(backend.jit(collect)) if background else None
+
+    @property
+    def num_envs(self) -> int:
+        return self.env.spec.num_envs
+
+    def init(self, params) -> ActorState:
+        """Starts (or restarts) the pool: every env reset, a fresh carry from ``params``."""
+        if self._background is not None:
+            self._background.drop()
+        self._handle, pending = self.env_step.start()
+        actor = ActorState.start(pending, self.policy.init_carry(self.local(params),
+                                                                 self.num_envs), self.num_envs)
+        # One device: left uncommitted, like everything else, so every jitted hook sees the
+        # same placement on every call and compiles once.
+        return jax.device_put(actor, self.device) if self.device is not None else actor
+
+    def local(self, tree):
+        """``tree``'s replica on the pool's device (no copy), e.g. replicated parameters."""
+        return parallel.local_replica(tree, self.device) if self.device is not None else tree
+
+    def collect(self, params, actor: ActorState, key):
+        """``(actor, outputs)`` after ``num_steps`` steps from ``actor`` (donated); with
+        ``background``, ``(params used, (actor, outputs))``."""
+        params = self.local(params)
+        if self._background is None:
+            self._handle, out = self._collect(params, actor, self._handle, key)
+            return out
+        used, (self._handle, out) = self._background.result(self._collect, params, actor,
+                                                            self._handle, key)
+        return used, out
+
+    def start_next(self, params, actor: ActorState, key) -> None:
+        """``background`` only: starts the next rollout from ``actor`` with ``params``."""
+        self._background.start(self.local(params), actor, self._handle, key)
+
+    def close(self) -> None:
+        if self._background is not None:
+            self._background.close()
+        self.env.close()
+
+
+class _Background:
+    """One rollout collected on a second thread while the learner updates. JAX releases the
+    GIL while a program runs, so both run at once."""
+
+    def __init__(self, collect):
+        self._collect = collect
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxwm-collect")
+        self._pending = None
+
+    def result(self, foreground, params, actor, handle, key):
+        if self._pending is None:
+            return params, foreground(params, actor, handle, key)
+        pending, self._pending = self._pending, None
+        return pending.result()
+
+    def start(self, params, actor, handle, key):
+        snapshot = jax.tree.map(jnp.copy, params)
+        self._pending = self._pool.submit(lambda: (snapshot, jax.block_until_ready(
+            self._collect(snapshot, actor, handle, key))))
+
+    def drop(self):
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+
+    def close(self):
+        self.drop()
+        self._pool.shutdown()

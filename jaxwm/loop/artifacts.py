@@ -1,0 +1,237 @@
+"""Phase artifacts: data one phase writes and later phases read, too large for a checkpoint,
+kept in the run directory as HDF5 (``<workdir>/artifacts/<name>.h5``).
+
+The contract's fourth kind of data (beside the state, passed outputs and read-only data). An
+algorithm declares ``Algorithm.artifacts[name] = Artifact(example, ...)``; the loop owns the
+files and hooks stay pure:
+
+* **Writing.** A hook that lists ``name`` in ``Hook.writes`` returns rows under it, a pytree
+  whose leaves have a leading row axis (optionally ``{"rows": ..., "mask": bool[n]}`` to keep
+  only some), and the loop appends them to the file. World Models' random rollouts are
+  written this way: ~120 GB of frames for the paper's 10k rollouts, which neither memory nor
+  a checkpoint could hold.
+* **Importing.** ``source() -> rows`` fills the artifact when a run first starts: the run keeps
+  its own copy of data that came from outside (MOPO's dataset), so a resume trains on exactly
+  the rows the run began with. A resume checks that the source still has the same rows (a
+  digest kept in the file) and refuses, in one line, one that changed.
+* **Reading.** A hook that lists ``name`` in ``Hook.reads`` receives, per call, either every
+  row (``batch=0``; loaded on the device once and kept while the artifact does not grow) or
+  ``batch`` rows drawn uniformly, or with ``length`` > 0 ``batch`` windows of ``length``
+  consecutive rows (sequences), streamed from the file. The rows drawn follow from the hook's
+  key alone, so a resumed run draws the same ones.
+* **Resume.** Each checkpoint records every artifact's row count (the files are flushed
+  first). A resumed run truncates the files to those counts, so rows written after the
+  checkpoint (before a crash) are written again, not twice. Files are never part of a
+  checkpoint.
+
+Why HDF5 through h5py (already the dataset loader's dependency) rather than flashbax's Vault:
+Vault stores a buffer state as tensorstore arrays and reads back contiguous time ranges only
+(random rows need its private handles), while h5py reads single rows in ~1 ms and windows as
+contiguous slices. Rows are chunked ``CHUNK_BYTES`` at a time; reads go row by row (sorted),
+which h5py serves far faster than one fancy-indexed read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxwm.config import ConfigError
+
+CHUNK_BYTES = 1 << 20  # about a MiB of rows per HDF5 chunk
+DIGEST = "source_digest"
+
+
+@dataclasses.dataclass(frozen=True)
+class Artifact:
+    """``example``: one row (a pytree of arrays without the row axis). ``batch``: rows per
+    read (0: all of them); ``length`` > 0: reads are ``batch`` windows of that many
+    consecutive rows. ``source``: rows to import when the run first starts. ``place``: puts
+    what a hook reads on the device (e.g. ``parallel.put_readonly`` over a mesh)."""
+
+    example: Any
+    batch: int = 0
+    length: int = 0
+    source: Callable[[], Any] | None = None
+    place: Callable[[Any], Any] = jax.device_put
+
+
+def digest(rows) -> str:
+    """A content hash of host rows (every leaf's bytes, in tree order)."""
+    h = hashlib.sha1()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(rows)[0]:
+        h.update(jax.tree_util.keystr(path).encode())
+        h.update(np.ascontiguousarray(leaf).tobytes())
+    return h.hexdigest()
+
+
+def _names(example) -> list[str]:
+    return [jax.tree_util.keystr(path) for path, _ in
+            jax.tree_util.tree_flatten_with_path(example)[0]]
+
+
+class ArtifactFile:
+    """One artifact's HDF5 file: a resizable dataset per leaf, rows on axis 0."""
+
+    def __init__(self, path: str, artifact: Artifact):
+        import h5py  # the dataset loader's dependency
+
+        self.path, self.artifact = path, artifact
+        self._leaves, self._tree = jax.tree.flatten(artifact.example)
+        self._names = _names(artifact.example)
+        exists = os.path.exists(path)
+        self._file = h5py.File(path, "a")
+        for name, leaf in zip(self._names, self._leaves, strict=True):
+            leaf = np.asarray(leaf)
+            if name in self._file:
+                stored = self._file[name]
+                if stored.shape[1:] != leaf.shape or stored.dtype != leaf.dtype:
+                    self._file.close()
+                    raise ConfigError(
+                        f"{path}: {name} holds rows of {stored.shape[1:]} {stored.dtype}, this "
+                        f"run writes {leaf.shape} {leaf.dtype}; it was written by another "
+                        "config: resume with that config or use another --workdir.")
+                continue
+            if exists and self._names[0] in self._file:
+                self._file.close()
+                raise ConfigError(f"{path} lacks {name}; it was written by another config.")
+            row_bytes = max(leaf.nbytes, 1)
+            self._file.create_dataset(name, shape=(0,) + leaf.shape, dtype=leaf.dtype,
+                                      maxshape=(None,) + leaf.shape,
+                                      chunks=(max(1, CHUNK_BYTES // row_bytes),) + leaf.shape)
+        self._cache = None  # (rows, the whole artifact on the device)
+
+    @property
+    def rows(self) -> int:
+        return int(self._file[self._names[0]].shape[0])
+
+    def append(self, rows) -> None:
+        """Appends host (or device) rows: a tree like ``example`` with a leading row axis, or
+        ``{"rows": tree, "mask": bool[n]}``."""
+        mask = None
+        if isinstance(rows, Mapping) and set(rows) == {"rows", "mask"}:
+            rows, mask = rows["rows"], np.asarray(rows["mask"], bool)
+        leaves = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(rows))]
+        if mask is not None:
+            leaves = [x[mask] for x in leaves]
+        n, start = leaves[0].shape[0], self.rows
+        for name, leaf in zip(self._names, leaves, strict=True):
+            dataset = self._file[name]
+            dataset.resize(start + n, axis=0)
+            dataset[start:start + n] = leaf
+
+    def truncate(self, rows: int) -> None:
+        if rows > self.rows:
+            raise ConfigError(f"{self.path} holds {self.rows} rows but the checkpoint "
+                              f"recorded {rows}: the file was replaced or damaged.")
+        for name in self._names:
+            self._file[name].resize(rows, axis=0)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def whole(self):
+        """Every row, on the device (loaded once while the artifact does not grow)."""
+        if self._cache is None or self._cache[0] != self.rows:
+            leaves = [self._file[name][...] for name in self._names]
+            self._cache = (self.rows, self.artifact.place(jax.tree.unflatten(self._tree,
+                                                                              leaves)))
+        return self._cache[1]
+
+    def read(self, key):
+        """What a hook reading this artifact gets for ``key`` (module docstring)."""
+        a = self.artifact
+        if a.batch == 0:
+            return self.whole()
+        rows = self.rows
+        span = max(a.length, 1)
+        if rows < span:
+            raise RuntimeError(f"{self.path} holds {rows} rows; a read needs {span}.")
+        seed = np.asarray(jax.random.key_data(key) if jnp.issubdtype(
+            getattr(key, "dtype", np.uint32), jax.dtypes.prng_key) else key).ravel()
+        rng = np.random.default_rng([int(x) for x in seed])
+        starts = np.sort(rng.integers(0, rows - span + 1, size=a.batch))
+        leaves = []
+        for name in self._names:
+            dataset = self._file[name]
+            if a.length:
+                leaves.append(np.stack([dataset[s:s + a.length] for s in starts]))
+            else:
+                leaves.append(np.stack([dataset[s] for s in starts]))
+        # Sorted for the file's sake; shuffled back so the batch order follows the key too.
+        order = rng.permutation(a.batch)
+        return a.place(jax.tree.unflatten(self._tree, [x[order] for x in leaves]))
+
+    def source_digest(self) -> str | None:
+        return self._file.attrs.get(DIGEST)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class Artifacts:
+    """The artifacts of a run: opened under ``<workdir>/artifacts``, imported where a source
+    is declared, and kept consistent with the checkpoints (``state_dict``/``restore``)."""
+
+    def __init__(self, workdir: str, declared: Mapping[str, Artifact], resume: bool):
+        self.directory = os.path.join(workdir, "artifacts")
+        self.files: dict[str, ArtifactFile] = {}
+        if not declared:
+            return
+        os.makedirs(self.directory, exist_ok=True)
+        for name, artifact in declared.items():
+            path = os.path.join(self.directory, f"{name}.h5")
+            fresh = not os.path.exists(path)
+            if fresh and resume is False:
+                pass
+            elif not fresh and not resume:
+                raise ConfigError(f"{path} exists from an earlier run; pass --config.resume=True "
+                                  "to continue it, or choose another --workdir.")
+            self.files[name] = ArtifactFile(path, artifact)
+            if artifact.source is not None:
+                self._import(name, artifact, fresh)
+
+    def _import(self, name: str, artifact: Artifact, fresh: bool) -> None:
+        file = self.files[name]
+        rows = artifact.source()
+        content = digest(rows)
+        if fresh or file.rows == 0:
+            file.append(rows)
+            file._file.attrs[DIGEST] = content
+            file.flush()
+        elif file.source_digest() != content:
+            raise ConfigError(
+                f"The data imported into {file.path} when this run started has changed at "
+                f"its source since (digest {file.source_digest()}, now {content}): resume "
+                "with the original data, or start a new run in another --workdir.")
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.files
+
+    def read(self, name: str, key):
+        return self.files[name].read(key)
+
+    def append(self, name: str, rows) -> None:
+        self.files[name].append(rows)
+
+    def state_dict(self) -> dict[str, int]:
+        """Row counts, for a checkpoint (the files are flushed first)."""
+        for file in self.files.values():
+            file.flush()
+        return {name: file.rows for name, file in self.files.items()}
+
+    def restore(self, rows: Mapping[str, int]) -> None:
+        """Back to a checkpoint's row counts: what was written after it goes."""
+        for name, file in self.files.items():
+            file.truncate(int(rows.get(name, 0)))
+
+    def close(self) -> None:
+        for file in self.files.values():
+            file.close()

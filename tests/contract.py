@@ -1,0 +1,320 @@
+"""The contract every algorithm keeps, as checks a test can run against any of them.
+
+``tests/test_contract.py`` runs them for every entry of ``jaxwm.algos.REGISTRY`` on its tiny
+config (and shows that they fail on a deliberately broken algorithm). Each check takes a
+config and the algorithm's module (``CAPABILITIES``, ``validate``, ``build``), so a new
+algorithm is checked by registering it:
+
+* ``check_exact_resume``: stopped by a signal mid-run (mid-cycle where nothing is passed
+  between hooks) and resumed through the trainer and its checkpoints, a run ends exactly
+  where one that never stopped ends, given that both restart their envs at the same call
+  (envpool cannot save them: README, "Resuming");
+* ``check_donation``: every hook updates the state in place: any array of 4 KiB or more it
+  changes was donated to it, not copied;
+* ``check_devices_agree``: 1 and 4 (fake CPU) devices give the same state after a few calls;
+* ``check_seeds_are_runs``: ``num_seeds=2`` trains each seed exactly as a one-seed run with
+  that seed (``loop.seeds``);
+* ``check_bad_config``: a size of 0 anywhere, or a capability the algorithm lacks, is a
+  one-line ``ConfigError`` before anything is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+
+import jaxwm.config
+from jaxwm import runner
+from jaxwm.config import ConfigError
+from jaxwm.loop import seeds
+from jaxwm.loop.algorithm import EVALUATE, drop_actors, restore_actors
+from jaxwm.loop.phases import Scheduler, phases_from_config
+from jaxwm.loop.trainer import Trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DONATION_MIN_BYTES = 4096
+
+
+def load(spec: str, **overrides):
+    """A config file's variant, quiet, never evaluating, with ``overrides`` applied."""
+    return jaxwm.config.load(os.path.join(ROOT, spec), {
+        "log.progress": False, "eval.every": "never", "eval.at_end": False, **overrides})
+
+
+# ----------------------------------------------------------------------------- driving
+
+
+@dataclasses.dataclass
+class Drive:
+    """Hook calls made as ``loop.trainer.Trainer`` makes them (its key splitting, its
+    scheduler, its early phase ends), without files: ``state`` and ``key`` after ``calls``."""
+
+    algorithm: object
+    scheduler: Scheduler
+    state: object
+    key: jax.Array
+    flow: dict
+
+    @classmethod
+    def start(cls, config, algorithm, state=None, key=None) -> Drive:
+        init_key = None
+        if key is None:
+            key = seeds.loop_key(config.seed, config.num_seeds, config.env.num_envs)
+            key, init_key = seeds.split(key)
+        if state is None:
+            state = algorithm.init(init_key)
+        phases = phases_from_config(config, algorithm.phase_hooks)
+        return cls(algorithm, Scheduler(phases, algorithm), state, key, {})
+
+    def call(self) -> str:
+        phase, name = self.scheduler.next_call()
+        self.key, hook_key = seeds.split(self.key)
+        if name != EVALUATE:
+            hook = self.algorithm.hooks[name]
+            data = {r: self.flow[r] if r in self.flow else self.algorithm.data[r]
+                    for r in hook.reads}
+            self.state, outputs, _ = hook.fn(self.state, data, hook_key)
+            self.flow.update(outputs)
+        if self.scheduler.record(name) and phase.until and \
+                bool(self.algorithm.predicates[phase.until](self.state)):
+            self.scheduler.end_phase_early(phase)
+        live = self.scheduler.live_inputs()
+        self.flow = {k: v for k, v in self.flow.items() if k in live}
+        return name
+
+    def skip(self, calls: int) -> Drive:
+        """Advances the key and the scheduler as ``calls`` calls would, calling nothing."""
+        while self.scheduler.calls < calls:
+            _, name = self.scheduler.next_call()
+            self.key, _ = seeds.split(self.key)
+            self.scheduler.record(name)
+        return self
+
+    def run(self, calls: int | None = None) -> Drive:
+        while not self.scheduler.finished and (calls is None or self.scheduler.calls < calls):
+            self.call()
+        return self
+
+    def calls_to_a_stop(self, at_least: int) -> int:
+        """The first call count >= ``at_least`` after which nothing is passed between hooks
+        (where the trainer stops on a signal), preferring one inside a cycle."""
+        probe = Scheduler(self.scheduler.phases, self.algorithm)
+        candidates = []
+        while not probe.finished:
+            phase, name = probe.next_call()
+            probe.record(name)
+            if probe.calls >= at_least and not probe.live_inputs():
+                candidates.append((probe.cycle is None, probe.calls))
+            if len(candidates) >= 4:
+                break
+        assert candidates, "the tiny config is too short to stop and resume in"
+        return min(candidates)[1]
+
+
+def build(module, config):
+    runner.validate(config)
+    runner.make_missing_inputs(config)
+    return module.build(config)
+
+
+def interrupting(algorithm, at_call: int):
+    """``algorithm`` with hooks that send this process SIGTERM during call ``at_call``."""
+    count = {"calls": 0}
+
+    def wrap(fn):
+        def hooked(state, data, key):
+            count["calls"] += 1
+            if count["calls"] == at_call:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return fn(state, data, key)
+        return hooked
+
+    hooks = {name: dataclasses.replace(hook, fn=wrap(hook.fn))
+             for name, hook in algorithm.hooks.items()}
+    return dataclasses.replace(algorithm, hooks=hooks)
+
+
+def persistent(algorithm, state):
+    return jax.device_get(algorithm.persistent(state))
+
+
+def assert_trees_equal(a, b, what: str, rtol: float = 0.0, atol: float = 0.0) -> None:
+    flat_a, tree_a = jax.tree_util.tree_flatten_with_path(a)
+    flat_b, tree_b = jax.tree_util.tree_flatten_with_path(b)
+    assert tree_a == tree_b, f"{what}: the state trees differ"
+    for (path, x), (_, y) in zip(flat_a, flat_b, strict=True):
+        if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x, y = jax.random.key_data(x), jax.random.key_data(y)
+        np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64),
+                                   rtol=rtol, atol=atol,
+                                   err_msg=f"{what}: {jax.tree_util.keystr(path)}")
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def check_exact_resume(module, config, workdir: str) -> None:
+    """Interrupted and resumed through the trainer == never stopped (module docstring)."""
+    first = module.build(config)
+    try:
+        stop = Drive.start(config, first).calls_to_a_stop(at_least=3)
+        trainer = Trainer(config, interrupting(first, stop), workdir)
+        assert trainer.run()["interrupted"], "the run was not interrupted"
+        stopped = trainer.state
+    finally:
+        first.close()
+    assert trainer.scheduler.calls == stop
+
+    # Never stopped: the same state goes on in memory, with fresh envs (another pool of the
+    # same seed, as a resumed run gets) put in by the contract's generic restore.
+    straight = module.build(config)
+    try:
+        drive = Drive.start(config, straight).skip(stop)
+        drive.state = restore_actors(drive.state, drop_actors(stopped))
+        expected = persistent(straight, drive.run().state)
+    finally:
+        straight.close()
+
+    resumed_config = config.copy_and_resolve_references()
+    resumed_config.resume = True
+    again = module.build(resumed_config)
+    try:
+        trainer = Trainer(resumed_config, again, workdir)
+        trainer.run()
+        got = persistent(again, trainer.state)
+    finally:
+        again.close()
+    assert_trees_equal(got, expected, f"{config.algo}: resumed != never stopped")
+
+
+def check_donation(module, config) -> None:
+    """Every hook donates what it changes (arrays of ``DONATION_MIN_BYTES`` or more)."""
+    algorithm = module.build(config)
+    try:
+        drive = Drive.start(config, algorithm)
+        seen = set()
+        while not drive.scheduler.finished and len(seen) < len(algorithm.hooks):
+            _, name = drive.scheduler.next_call()
+            before = jax.tree.leaves(drive.state)
+            jax.block_until_ready(before)
+            drive.call()
+            after = {id(x) for x in jax.tree.leaves(drive.state)}
+            copied = [x.shape for x in before if isinstance(x, jax.Array)
+                      and x.nbytes >= DONATION_MIN_BYTES and not x.is_deleted()
+                      and id(x) not in after]
+            assert not copied, f"{config.algo} hook {name!r} copied arrays {copied} " \
+                               "instead of updating them in place (donate them)"
+            seen.add(name)
+    finally:
+        algorithm.close()
+
+
+def check_seeds_are_runs(module, config, calls: int, rtol: float, atol: float) -> None:
+    """``num_seeds=2`` for ``calls`` hook calls == two one-seed runs."""
+    both_config = config.copy_and_resolve_references()
+    both_config.num_seeds = 2
+    algorithm = build(module, both_config)
+    try:
+        both = persistent(algorithm, Drive.start(both_config, algorithm).run(calls).state)
+    finally:
+        algorithm.close()
+    for k, seed in enumerate(seeds.run_seeds(both_config)):
+        one_config = config.copy_and_resolve_references()
+        one_config.seed = seed
+        algorithm = build(module, one_config)
+        try:
+            alone = persistent(algorithm, Drive.start(one_config, algorithm).run(calls).state)
+        finally:
+            algorithm.close()
+        assert_trees_equal(jax.tree.map(lambda x, k=k: x[k], both), alone,
+                           f"{config.algo}: seed {k} of 2 != its own run", rtol, atol)
+
+
+DEVICES_SCRIPT = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
+    import importlib, jax, numpy as np
+    import contract
+    from jaxwm.envs.acting import ActorState
+    assert jax.device_count() == 4, jax.devices()
+    module = importlib.import_module({module!r})
+    out = {{}}
+    for n in (1, 4):
+        config = contract.load({spec!r}, num_devices=n, **{overrides!r})
+        algorithm = contract.build(module, config)
+        state = contract.Drive.start(config, algorithm).run({calls}).state
+        leaves = jax.tree.leaves(algorithm.persistent(state))
+        actors = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, ActorState))
+                  if isinstance(x, ActorState)]
+        out[n] = dict(leaves=[np.asarray(x, np.float64).ravel().tolist() for x in leaves],
+                      spread=max(len(x.devices()) for x in leaves),
+                      actor_spread=max([len(x.devices()) for x in jax.tree.leaves(actors)],
+                                       default=1))
+        algorithm.close()
+    print(json.dumps(out))
+""")
+
+
+def check_devices_agree(module_name: str, spec: str, overrides: dict, calls: int,
+                        rtol: float, atol: float) -> None:
+    """1 and 4 fake CPU devices (a fresh process: JAX fixes the count when it starts)."""
+    script = DEVICES_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, "tests"),
+                                   module=module_name, spec=spec, overrides=overrides,
+                                   calls=calls)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["4"]["spread"] == 4, "nothing of the state is on all 4 devices"
+    # The envs' state stays on one device: their programs run once, on the host's envs.
+    assert out["4"]["actor_spread"] == 1, "an actor's state is spread over devices"
+    for i, (a, b) in enumerate(zip(out["1"]["leaves"], out["4"]["leaves"], strict=True)):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol,
+                                   err_msg=f"{spec}: leaf {i} differs on 1 and 4 devices")
+
+
+def check_bad_config(module, config) -> None:
+    """Sizes of 0, and capabilities the algorithm lacks, are refused in one line."""
+    sizes = [name for name, value in jaxwm.config._leaves(config)
+             if isinstance(value, int) and not isinstance(value, bool)
+             and name not in jaxwm.config.ZERO_MEANS and name not in jaxwm.config.NOT_SIZES]
+    assert sizes
+    for name in sizes:
+        bad = config.copy_and_resolve_references()
+        *parents, leaf = name.split(".")
+        node = bad
+        for part in parents:
+            node = node[part]
+        node[leaf] = 0
+        _expect_one_line(lambda bad=bad: runner.validate(bad), name)
+    for capability, why in module.CAPABILITIES.cannot.items():
+        bad = config.copy_and_resolve_references()
+        if capability == "seeds":
+            bad.num_seeds = 2
+        elif capability == "async_pool":
+            bad.env.num_envs, bad.env.batch_size = 4, 2
+        else:
+            continue  # several processes: tests/test_distributed.py
+        _expect_one_line(lambda bad=bad: runner.validate(bad), why)
+
+
+def _expect_one_line(validate, expected: str) -> None:
+    try:
+        validate()
+    except ConfigError as e:
+        message = str(e)
+        assert "\n" not in message, f"a multi-line error: {message!r}"
+        assert expected in message, f"{expected!r} not in {message!r}"
+        return
+    raise AssertionError(f"no ConfigError where {expected!r} should be refused")
+
