@@ -19,7 +19,7 @@ classic-control sizes), Breakout-v5 ``configs/ppo.py:atari`` with BenchNetRL's A
 (16 envs, 8 minibatches, 1 frame except FF-4). Breakout adds ``mamba@256``, Mamba at the LSTM's
 hidden size, for the equal-size throughput goal. ``--seeds 1,4,8`` measures steps/s per seed
 with ``--config.num_seeds`` (``--seed-backbone`` on the first env). The goals of the BenchNetRL
-issue are checked against REFERENCE.md and marked pass/fail. Writes ``<out>_<backend>.json``,
+issue are checked against benchmarks/REFERENCES.md and marked pass/fail. Writes ``<out>_<backend>.json``,
 ``.md`` and ``.png`` (bar charts like BenchNetRL's figures).
 
     python benchmarks/backbones.py --envs CartPole-v1,Breakout-v5 --backbones all \\
@@ -48,9 +48,9 @@ BACKBONES = ("ff1", "ff4", "lstm", "gru", "trxl", "gtrxl", "mamba", "mamba2")
 VARIANTS = {"CartPole-v1": "cartpole_masked", "Breakout-v5": "atari"}
 # BenchNetRL's Atari runs: 16 envs, 8 minibatches, one frame (its "PPO-4" stacks four).
 ATARI = {"env.num_envs": 16, "ppo.num_minibatches": 8, "env.frame_stack": 1}
-# PyTorch, one thread, velocity-masked CartPole (REFERENCE.md, "Measured ... CPU").
+# PyTorch, one thread, velocity-masked CartPole (benchmarks/REFERENCES.md, "Measured ... CPU").
 CPU_REFERENCE_SPS = {"lstm": 34, "gru": 154, "trxl": 66, "gtrxl": 72}
-# BenchNetRL's own table (hardware unstated): SPS, GB allocated, latency ms (REFERENCE.md).
+# BenchNetRL's own table (hardware unstated): SPS, GB allocated, latency ms (benchmarks/REFERENCES.md).
 PAPER_SPS = {"ff1": 3540, "ff4": 3310, "mamba": 2730, "mamba2": 2460, "gtrxl": 1890,
              "trxl": 1860, "gru": 700, "lstm": 605}
 
@@ -341,7 +341,7 @@ def main() -> None:
         "sizes: LSTM/GRU 512, TrXL 384x3 layers, Mamba/Mamba-2 512). Breakout-v5: "
         "configs/ppo.py:atari with 16 envs, 8 minibatches, 1 frame (FF-4: 4), BenchNetRL's Atari "
         "sizes (LSTM/GRU 256, TrXL 512 mem 64, Mamba 450, Mamba-2 512).",
-        "Reference (REFERENCE.md): BenchNetRL PyTorch on one CPU thread, masked CartPole: LSTM "
+        "Reference (benchmarks/REFERENCES.md): BenchNetRL PyTorch on one CPU thread, masked CartPole: LSTM "
         "~34, GRU ~154, TrXL ~66, GTrXL ~72 steps/s; its paper's table (hardware unstated): "
         + ", ".join(f"{k} ~{v}" for k, v in PAPER_SPS.items()) + " steps/s.",
     ]

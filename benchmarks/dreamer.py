@@ -9,7 +9,7 @@ apart; steady state is the median over ``--repeats`` windows of updates.
 
 Rows: size1m on vector CartPole (``configs/dreamer.py:cartpole``) and on 64x64 RGB Pong
 (``configs/dreamer.py:atari100k``); ``--sizes`` adds larger models (size12m is the GPU row).
-Reference (REFERENCE.md, this machine class: 2 CPU cores): the official JAX DreamerV3 at
+Reference (benchmarks/REFERENCES.md, this machine class: 2 CPU cores): the official JAX DreamerV3 at
 size1m, batch 16 x 64: ~0.06-0.14 updates/s; the PyTorch port at a comparable size
 ~0.06-0.07. Goals: at least the official implementation's speed and 3x the port's.
 
@@ -29,7 +29,7 @@ from jaxwm.algos import dreamer
 from jaxwm.config import load
 from jaxwm.runner import validate
 
-OFFICIAL_JAX = (0.06, 0.14)  # updates/s, size1m, 2 CPU cores (REFERENCE.md)
+OFFICIAL_JAX = (0.06, 0.14)  # updates/s, size1m, 2 CPU cores (benchmarks/REFERENCES.md)
 PYTORCH_PORT = (0.06, 0.07)
 ENVS = {"CartPole-v1": "configs/dreamer.py:cartpole", "Pong-v5": "configs/dreamer.py:atari100k"}
 
@@ -95,7 +95,7 @@ def main() -> None:
         f"+ optimiser, state donated), median of {args.repeats} windows of >= {args.window} s; "
         "compile_s: the first update (trace, compile, run).",
         "peak_mib: " + rows[0]["memory"] + " (on CPU the whole process, host side).",
-        f"Reference (REFERENCE.md, 2 CPU cores, size1m, 16 x 64): official JAX DreamerV3 "
+        f"Reference (benchmarks/REFERENCES.md, 2 CPU cores, size1m, 16 x 64): official JAX DreamerV3 "
         f"{OFFICIAL_JAX[0]}-{OFFICIAL_JAX[1]} updates/s; the PyTorch port "
         f"{PYTORCH_PORT[0]}-{PYTORCH_PORT[1]}.",
     ]

@@ -2,7 +2,7 @@
 
 Every row times jaxwm's own jitted functions (the ones ``jaxwm.algos.mopo`` calls) on
 synthetic data of HalfCheetah's sizes; compile time (first call) apart, steady state the
-median of ``--repeats`` calls. References (REFERENCE.md, OfflineRL-Kit PyTorch on one CPU
+median of ``--repeats`` calls. References (benchmarks/REFERENCES.md, OfflineRL-Kit PyTorch on one CPU
 thread): SAC ~50-80 updates/s at batch 256; one ensemble epoch (7 x 4x200, 100k transitions)
 ~10 s; MOPO rollouts ~11.7k transitions/s. Goals: SAC 10x, ensemble and rollouts 5x.
 
@@ -191,7 +191,7 @@ def notes_for(rows: list[dict], quick: bool) -> list[str]:
         "updates_per_s: median over calls of `updates_per_call` SAC updates in one jitted scan "
         "(compile_s: the first call apart); gflop_per_s from the dense layers' FLOPs.",
         f"Reference: OfflineRL-Kit PyTorch SAC, one CPU thread, ~{REFERENCE_UPDATES_PER_S[0]}-"
-        f"{REFERENCE_UPDATES_PER_S[1]} updates/s at batch 256 (REFERENCE.md); ratio to its "
+        f"{REFERENCE_UPDATES_PER_S[1]} updates/s at batch 256 (benchmarks/REFERENCES.md); ratio to its "
         f"midpoint: {sac_update['vs_pytorch_1thread']:.2f}x (goal: 10x)" +
         (" -- not comparable: quick sizes." if quick else "."),
         f"Ensemble epoch: {epoch['epoch_s']:.1f} s on {epoch['transitions']:,} transitions; "

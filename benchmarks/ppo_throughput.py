@@ -11,7 +11,7 @@ On the current backend, at the same number of envs (``--envs``, default 8):
 3. the ratio PPO / raw envpool (XLA path);
 4. the wall time of the default CartPole job (``jaxwm.train.run``, in this process: compile
    and evaluation included, Python imports not), its env steps and final eval return;
-5. comparisons with the reference figures of REFERENCE.md for this machine class, with the
+5. comparisons with the reference figures of benchmarks/REFERENCES.md for this machine class, with the
    project's goals marked pass/fail;
 6. scaling rows, Breakout at ``--scale-envs`` (default 8, 64, 128) envs N: the limits, raw
    envpool synchronous (N envs) and asynchronous (2N envs, batches of N; XLA scan, random
@@ -63,7 +63,7 @@ SOLVED_RETURN = 475.0
 
 @dataclasses.dataclass(frozen=True)
 class Reference:
-    """A published or measured figure to compare with (REFERENCE.md): a short label for the
+    """A published or measured figure to compare with (benchmarks/REFERENCES.md): a short label for the
     table, the value, and what exactly was measured (for the notes)."""
 
     label: str
@@ -71,7 +71,7 @@ class Reference:
     detail: str
 
 
-# REFERENCE.md, "Measured on this machine class" (2 CPU cores, no GPU, loaded machine) and "PPO".
+# benchmarks/REFERENCES.md, "Measured on this machine class" (2 CPU cores, no GPU, loaded machine) and "PPO".
 REF_RAW = {
     "cartpole": Reference("envpool ~128k", 128_000.0,
                           "envpool raw CartPole, 8 envs, random actions, 2 CPU cores"),

@@ -121,13 +121,11 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
         c.eval.num_episodes = 2
     elif variant == "cartpole":
         # The learning test: size1m on vector observations within 50k env steps on a CPU.
-        # Not the official settings, to fit ~3k updates: with lr 4e-5 (warm-up 1000) and
-        # train_ratio 64 the reward head still predicted ~0 after 420 updates (10 min), so
-        # lr 3e-4 with a 100-update warm-up, sequences of 32 and train_ratio 32 (one update
-        # of 16 x 32 per 16 env steps), and a horizon of 100 steps (gamma 0.99, official
-        # 333): with 333 the critic's values were still rising at 50k steps (93 of ~260) and
-        # the final evaluation was 287 (best 287); with 100 two seeds ended at 500.0 and 413.2,
-        # both dipping around 20k steps first (README, Tests).
+        # Not the official settings, to fit ~3k updates: lr 3e-4 with a 100-update warm-up
+        # (the official 4e-5 had not learned rewards in 420 updates), sequences of 32 and
+        # train_ratio 32 (one update of 16 x 32 per 16 env steps), and a horizon of 100
+        # steps (gamma 0.99, official 333, with which the critic was still rising at 50k
+        # steps). The runs: benchmarks/results/learning_cpu.md.
         c.env.id = "CartPole-v1"
         c.env.num_envs = 4
         c.total_env_steps = 50_000

@@ -15,7 +15,7 @@ GORMPO fits its density model before the loop starts (cached per dataset). Its i
 shape, e^(tau - logp), is unbounded: give it a small coefficient (--config.penalty_coef=0.01
 learned on pendulum_tiny where 1.0 diverged).
 
-Settings follow OfflineRL-Kit's MOPO and REFERENCE.md: ensemble 7 / elites 5, 4x200 Swish,
+Settings follow OfflineRL-Kit's MOPO (yihaosun1124/OfflineRL-Kit): ensemble 7 / elites 5, 4x200 Swish,
 lr 1e-3, batch 256; rollouts from 50k dataset states, model buffer of 5 rollout batches,
 5% real data; SAC 256x256 with actor 1e-4, critic 3e-4, alpha 1e-4; 3000 epochs of 1000
 updates; per-dataset horizon / lambda for the nine D4RL MuJoCo datasets (variants
@@ -31,7 +31,7 @@ from jaxwm.agents.sac import config_block as sac_block
 from jaxwm.config import base_config
 
 ENV_IDS = {"hopper": "Hopper-v4", "halfcheetah": "HalfCheetah-v4", "walker2d": "Walker2d-v4"}
-# MOPO's rollout horizon h and penalty lambda per D4RL dataset (REFERENCE.md; Yu et al. 2020,
+# MOPO's rollout horizon h and penalty lambda per D4RL dataset (Yu et al. 2020,
 # appendix G): (h, lambda).
 HORIZON_LAMBDA = {
     "halfcheetah_medium": (5, 0.5), "hopper_medium": (5, 5.0), "walker2d_medium": (5, 0.5),

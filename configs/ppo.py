@@ -8,7 +8,8 @@ of MarcoMeter's episodic-transformer-memory-ppo: long rollouts and four small la
 which GTrXL solves masked CartPole within 500k steps), and
 mujoco_memory (BenchNetRL's MuJoCo defaults, 8 envs: CleanRL's mujoco has one env, which a
 memory backbone, shuffling whole envs, cannot split into minibatches).
-Atari/MuJoCo defaults follow CleanRL (REFERENCE.md), whose settings are also BenchNetRL's
+Atari/MuJoCo defaults follow CleanRL (``ppo_atari_envpool``, ``ppo_continuous_action``),
+whose settings are also BenchNetRL's
 defaults; cartpole and minigrid are tuned for quick solves.
 
 Every variant takes any memory backbone: ``--config.network.backbone=`` ff, lstm, gru, trxl,
@@ -58,10 +59,8 @@ CLASSIC_MEMORY = dict(width=512, trxl=dict(dim=384, layers=3, heads=4, memory=11
                       headdim=64)
 # cartpole_masked_tuned: RL Zoo's tuned RecurrentPPO settings for CartPoleNoVel-v1 (8 envs x 32
 # steps, one minibatch, lr 1e-3, gamma 0.98, lambda 0.8, no entropy bonus; it solves in 100k
-# steps) with memories of 128 and 10 epochs, not Zoo's 20: at 20 the LSTM peaked at 440 and fell
-# back to 188 by 200k steps; at 10 its evaluations stayed within 388-475 from 82k steps on.
-# BenchNetRL's settings learn this task slowly: its GRU (512) reached 157 at 500k steps; with
-# Zoo's settings (20 epochs) the same GRU reached 461 at 82k.
+# steps) with memories of 128 and 10 epochs, not Zoo's 20, which collapsed after peaking;
+# BenchNetRL's settings learn this task slowly (benchmarks/results/learning_cpu.md).
 TUNED_PPO = dict(num_steps=32, num_minibatches=1, update_epochs=10, learning_rate=1e-3,
                  gamma=0.98, gae_lambda=0.8, ent_coef=0.0, clip_coef=0.2)
 SMALL_MEMORY = dict(width=128, trxl=dict(dim=128, layers=1, heads=2, memory=32), state=16,
@@ -71,10 +70,9 @@ BENCHNETRL_PPO = dict(clip_coef=0.1)
 # (16 envs x 256 steps, 4 minibatches x 4 epochs, gamma 0.99, lambda 0.95, entropy 1e-3,
 # value coefficient 0.2, clip 0.2; TrXL with 4 blocks of dim 128, one head, memory 32) with
 # two changes: lr 5e-4 annealed to 0 (theirs: 3e-4 to 3e-5) and the reward normalised by its
-# return scale (theirs divides CartPole-v0's reward by 100). Measured 2026-11-24 (GTrXL, best
-# evaluation within 500k steps): seeds 1 and 2 reached 490 and 500; lr 3e-4 reached 400,
-# 1e-3 484, and 2 layers at 3e-4 297. Under cartpole_masked_tuned's short rollouts (8 x 32,
-# one layer) GTrXL stayed below 170 in 200k steps (README, Tests).
+# return scale (theirs divides CartPole-v0's reward by 100). GTrXL solves it within 500k
+# steps with these, not with cartpole_masked_tuned's short rollouts (the runs and the other
+# settings tried: benchmarks/results/learning_cpu.md).
 TRANSFORMER_PPO = dict(num_steps=256, num_minibatches=4, update_epochs=4, learning_rate=5e-4,
                        ent_coef=0.001, vf_coef=0.2, clip_coef=0.2, normalize_reward=True)
 TRANSFORMER_MEMORY = dict(width=128, trxl=dict(dim=128, layers=4, heads=1, memory=32),
@@ -127,7 +125,7 @@ def network_block(**overrides) -> ml_collections.ConfigDict:
     n.hidden = (64, 64)  # the MLP encoder's layers (vector observations)
     n.activation = "tanh"
     # ff | lstm | gru | trxl | gtrxl | mamba | mamba2 (jaxwm/nets/backbones); each reads its
-    # block below. Sizes are BenchNetRL's Atari settings (REFERENCE.md); variants adjust them.
+    # block below. Sizes are BenchNetRL's Atari settings (its run scripts); variants adjust them.
     n.backbone = "ff"
     n.frames = 1  # > 1: the last `frames` vector observations, concatenated ("PPO-4")
     n.separate_critic = True  # ff only: the critic gets its own MLP on the observation

@@ -72,6 +72,12 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def require(checks) -> None:
+    """Raises the ``ConfigError`` of the first ``(ok, message)`` whose ``ok`` is false."""
+    for ok, message in checks:
+        _require(ok, message)
+
+
 # Integer settings where 0 (or any value) means something other than a size; every other
 # integer a config holds, alone or in a tuple, is a size and must be > 0 (``check_sizes``).
 ZERO_MEANS = {

@@ -1,4 +1,4 @@
-"""Device mesh and shardings for data parallelism (DESIGN.md, convention 7).
+"""Device mesh and shardings for data parallelism (docs/architecture.md, "Conventions worth knowing").
 
 One mesh axis, ``data``, over all devices (all local devices on one host; all global ones
 after ``jax.distributed.initialize`` on several). Training batches are sharded on their

@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import jax
@@ -36,8 +37,9 @@ from jaxwm import runner
 from jaxwm.config import ConfigError
 from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import EVALUATE, drop_actors, restore_actors
+from jaxwm.loop.artifacts import Artifacts
 from jaxwm.loop.phases import Scheduler, phases_from_config
-from jaxwm.loop.trainer import Trainer
+from jaxwm.loop.trainer import Trainer, hook_inputs, route_outputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DONATION_MIN_BYTES = 4096
@@ -55,40 +57,52 @@ def load(spec: str, **overrides):
 @dataclasses.dataclass
 class Drive:
     """Hook calls made as ``loop.trainer.Trainer`` makes them (its key splitting, its
-    scheduler, its early phase ends), without files: ``state`` and ``key`` after ``calls``."""
+    scheduler, its early phase ends, its routing of inputs and outputs, phase artifacts in a
+    scratch directory), without checkpoints or logs: ``state`` and ``key`` after ``calls``."""
 
     algorithm: object
     scheduler: Scheduler
     state: object
     key: jax.Array
     flow: dict
+    artifacts: Artifacts
 
     @classmethod
-    def start(cls, config, algorithm, state=None, key=None) -> Drive:
-        init_key = None
-        if key is None:
-            key = seeds.loop_key(config.seed, config.num_seeds, config.env.num_envs)
-            key, init_key = seeds.split(key)
-        if state is None:
-            state = algorithm.init(init_key)
+    def start(cls, config, algorithm) -> Drive:
+        key = seeds.loop_key(config.seed, config.num_seeds, config.env.num_envs)
+        key, init_key = seeds.split(key)
+        state = algorithm.init(init_key)
         phases = phases_from_config(config, algorithm.phase_hooks)
-        return cls(algorithm, Scheduler(phases, algorithm), state, key, {})
+        artifacts = Artifacts(tempfile.mkdtemp(prefix="jaxwm-drive-"), algorithm.artifacts)
+        artifacts.start(None)
+        return cls(algorithm, Scheduler(phases, algorithm), state, key, {}, artifacts)
 
     def call(self) -> str:
         phase, name = self.scheduler.next_call()
         self.key, hook_key = seeds.split(self.key)
         if name != EVALUATE:
             hook = self.algorithm.hooks[name]
-            data = {r: self.flow[r] if r in self.flow else self.algorithm.data[r]
-                    for r in hook.reads}
+            data = hook_inputs(self.algorithm, hook, self.flow, self.artifacts, hook_key)
             self.state, outputs, _ = hook.fn(self.state, data, hook_key)
-            self.flow.update(outputs)
+            route_outputs(self.algorithm, name, outputs, self.flow, self.artifacts)
         if self.scheduler.record(name) and phase.until and \
                 bool(self.algorithm.predicates[phase.until](self.state)):
             self.scheduler.end_phase_early(phase)
         live = self.scheduler.live_inputs()
         self.flow = {k: v for k, v in self.flow.items() if k in live}
         return name
+
+    def copy_artifacts(self, workdir: str) -> None:
+        """The rows a run in ``workdir`` wrote to its artifacts (not imported ones), as this
+        drive's."""
+        stopped = Artifacts(workdir, self.algorithm.artifacts)
+        try:
+            for name, file in self.artifacts.files.items():
+                if self.algorithm.artifacts[name].source is None:
+                    file.truncate(0)
+                    file.append(stopped.files[name].whole())
+        finally:
+            stopped.close()
 
     def skip(self, calls: int) -> Drive:
         """Advances the key and the scheduler as ``calls`` calls would, calling nothing."""
@@ -107,11 +121,13 @@ class Drive:
         """The first call count >= ``at_least`` after which nothing is passed between hooks
         (where the trainer stops on a signal), preferring one inside a cycle."""
         probe = Scheduler(self.scheduler.phases, self.algorithm)
+        passed = {out for hook in self.algorithm.hooks.values() for out in hook.writes} \
+            - set(self.algorithm.artifacts)
         candidates = []
         while not probe.finished:
             phase, name = probe.next_call()
             probe.record(name)
-            if probe.calls >= at_least and not probe.live_inputs():
+            if probe.calls >= at_least and not probe.live_inputs() & passed:
                 candidates.append((probe.cycle is None, probe.calls))
             if len(candidates) >= 4:
                 break
@@ -179,6 +195,7 @@ def check_exact_resume(module, config, workdir: str) -> None:
     try:
         drive = Drive.start(config, straight).skip(stop)
         drive.state = restore_actors(drive.state, drop_actors(stopped))
+        drive.copy_artifacts(workdir)  # kept across a resume: the rows written before the stop
         expected = persistent(straight, drive.run().state)
     finally:
         straight.close()

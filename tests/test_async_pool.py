@@ -132,9 +132,8 @@ def test_bad_async_settings_stop_before_anything_is_built(config, message):
 def test_ppo_solves_cartpole_through_an_async_pool_overlapped_with_the_update(tmp_path):
     """16 envs, batches of 8, and the next rollout collected while the update runs: both
     kinds of asynchrony at once. Which envs each batch holds depends on thread timing, so runs
-    are not reproducible and vary more than synchronous ones: at the cartpole config's 200k
-    steps, seeds 1-3 reached 488.9, 218.0, 456.8 (sampled evaluation); with 300k steps and a
-    greedy evaluation, seeds 1-4 all reached 500.0 (~40 s each on 2 cores)."""
+    are not reproducible and vary more than synchronous ones, hence 300k steps and a greedy
+    evaluation (the runs: benchmarks/results/learning_cpu.md)."""
     config = ppo_config(**{"env.num_envs": 16, "env.batch_size": 8, "ppo.async_collect": True,
                            "total_env_steps": 300_000, "eval.temperature": 0.0})
     summary = train.run(config, str(tmp_path / "run"))

@@ -1,8 +1,10 @@
 """Offline datasets: D4RL and Minari loaders on small HDF5 files written here, their errors,
 normalised scores, and the generator end to end on Pendulum."""
 
+import contextlib
 import json
 import os
+import re
 
 import h5py
 import numpy as np
@@ -94,6 +96,37 @@ def test_missing_file_says_where_it_looked(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DatasetError, match="directory without data/main_data.hdf5"):
         load_dataset(str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("content, what", [(b"", "empty"), (b"not hdf5", "8 bytes")])
+def test_a_file_that_is_not_hdf5_is_a_one_line_error(tmp_path, content, what):
+    path = tmp_path / "data.hdf5"
+    path.write_bytes(content)
+    with pytest.raises(DatasetError, match=f"is not an HDF5 file \\({what};.*make_dataset"):
+        load_dataset(str(path))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--env=CartPole-v1", "--level=random"], "CartPole-v1 has discrete actions"),
+    (["--env=Pendulum-v1", "--level=random", "--size=0"], "--size \\(0\\)"),
+    (["--env=Pendulum-v1", "--level=nope"], "invalid choice"),
+])
+def test_make_dataset_checks_its_input_before_stepping_any_env(tmp_path, capsys, args, message):
+    out = tmp_path / "d.hdf5"
+    with pytest.raises(SystemExit) if "nope" in args[1] else contextlib.nullcontext():
+        assert make_dataset.main([*args, f"--out={out}"]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_make_dataset_refuses_an_output_it_cannot_write(tmp_path, capsys):
+    # A folder that cannot exist (its parent is a file): unwritable even for root.
+    (tmp_path / "file").write_text("")
+    assert make_dataset.main(["--env=Pendulum-v1", "--level=random",
+                              f"--out={tmp_path / 'file' / 'd.hdf5'}"]) == 2
+    assert "cannot be written" in capsys.readouterr().err
+    assert make_dataset.main(["--env=Pendulum-v1", "--level=random", f"--out={tmp_path}"]) == 2
+    assert "is a directory" in capsys.readouterr().err
 
 
 def test_env_shape_mismatch_is_refused(tmp_path):

@@ -121,11 +121,8 @@ def test_the_same_seed_gives_the_same_run(first_run, tmp_path):
 
 @pytest.mark.slow
 def test_size1m_cartpole_reaches_400_within_50k_steps(tmp_path):
-    """configs/dreamer.py:cartpole (size1m, vector observations, horizon 100). Measured on
-    2 CPU cores, 2026-11-24, ~15 min each alone: seed 1 evaluated 500.0, 134.9, 358.9, 500.0 at
-    10k-40k steps and 500.0 at the end; seed 2 453.8, 121.4, 186.0, 212.6, and 413.2 at the end
-    (docs/figures/dreamer_cartpole_cpu.png is seed 1). With the official horizon 333 seed 1
-    ended at 287 (best 287)."""
+    """configs/dreamer.py:cartpole (size1m, vector observations, horizon 100), ~15 min on 2
+    CPU cores; the measured runs: benchmarks/results/learning_cpu.md."""
     from jaxwm.runner import run
 
     config = load("configs/dreamer.py:cartpole", {"log.progress": False})

@@ -10,11 +10,10 @@ configs/ppo.py:cartpole_masked_tuned (RL Zoo's tuned RecurrentPPO settings for C
 with 10 epochs, memories of 128) for LSTM, GRU, Mamba and FF; GTrXL, which stayed below 170
 within 200k steps there, runs configs/ppo.py:cartpole_masked_transformer (MarcoMeter's
 episodic-transformer-memory-ppo CartPole settings: 16 envs x 256 steps, four layers) for the
-issue's 500k steps (measured 2026-11-24: best evaluations 490 and 500, seeds 1 and 2, above
-400 from 377k and 360k steps). Under BenchNetRL's own settings
-(cartpole_masked: clip 0.1, lr 2.5e-4, 4 epochs, memories of 512) the GRU reached only 157 at
-500k steps. Run them with ``python -m pytest -m slow tests/test_learning_memory.py``; the
-README lists the measured returns and times.
+issue's 500k steps. Under BenchNetRL's own settings (cartpole_masked: clip 0.1, lr 2.5e-4, 4
+epochs, memories of 512) the GRU learns far slower (the runs:
+benchmarks/results/learning_cpu.md). Run them with
+``python -m pytest -m slow tests/test_learning_memory.py``.
 """
 
 import os

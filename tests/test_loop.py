@@ -366,6 +366,23 @@ def test_unreadable_config_json_and_old_checkpoints_are_one_line_errors(tmp_path
         Trainer(config, toy_algorithm(), str(tmp_path / "b")).run()
 
 
+def test_a_checkpoint_of_the_layout_before_the_acting_layer_says_how_to_continue(
+        tmp_path, monkeypatch):
+    from jaxwm.loop import checkpoint
+
+    monkeypatch.setattr(checkpoint, "LAYOUT_VERSION", 2)  # as jaxwm wrote them until d78b67a
+    Trainer(toy_config(), toy_algorithm(), str(tmp_path)).run()
+    monkeypatch.undo()
+    config = toy_config()
+    config.resume = True
+    with pytest.raises(IncompatibleCheckpointError) as error:
+        Trainer(config, toy_algorithm(), str(tmp_path)).run()
+    message = str(error.value)
+    assert "layout 2, written by jaxwm up to commit d78b67a" in message
+    assert "git checkout d78b67a" in message and "nothing was changed" in message
+    assert "\n" not in message
+
+
 def test_phase_ends_early_when_the_algorithm_says_so_and_stays_ended(tmp_path):
     config = offline_config(models=dict(unit="model_updates", duration=300,
                                         hooks=("update_model:3",), until="n_at_least_4"))

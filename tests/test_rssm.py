@@ -1,4 +1,4 @@
-"""DreamerV3's world model and actor-critic: the invariants REFERENCE.md lists (zero-init heads,
+"""DreamerV3's world model and actor-critic: the invariants of Hafner et al. 2023 (zero-init heads,
 unimix floor, free bits, the dyn/rep stop-gradient split, block-GRU gate, slow-critic EMA,
 imagine under scan equals a Python loop, resets in observe)."""
 

@@ -131,7 +131,7 @@ def test_online_sac_runs_end_to_end(tmp_path):
     summary = train.run(sac_config(**overrides), str(tmp_path))
     assert summary["env_steps"] == 600
     assert summary["agent_updates"] == 400
-    assert summary["charts/replay_size"] > 0
+    assert summary["replay/size"] > 0
     assert np.isfinite(summary["eval/episodic_return"])
 
 

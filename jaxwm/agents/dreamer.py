@@ -73,15 +73,16 @@ class DreamerAgent:
         return (action - self.low) / (0.5 * (self.high - self.low)) - 1.0
 
     def policy(self) -> acting.Policy:
-        """Acting with a learner's ``params``: filter the observation into the posterior,
-        then sample the actor at ``temperature``."""
+        """Acting with a ``Learner``: filter the observation into the posterior, then sample
+        the actor at ``temperature``."""
         wm, ac = self.world_model, self.actor_critic
 
-        def init_carry(params, num_envs):
-            del params
+        def init_carry(learner, num_envs):
+            del learner
             return wm.initial(num_envs), jnp.zeros((num_envs, self.action_dim))
 
-        def act(params, carry, obs, is_first, key, temperature=1.0):
+        def act(learner, carry, obs, is_first, key, temperature=1.0):
+            params = learner.params
             model_state, prev_action = carry
             k_obs, k_act = jax.random.split(key)
             embed = wm.net.apply(params["model"], obs, method=rssm.WorldModelNet.encode)

@@ -44,7 +44,8 @@ memory backbone would need each env's carry across the interleaving.
 
 Minibatches are drawn over sequences: feed-forward networks see every step as its own
 length-1 sequence (CleanRL's flat shuffle); recurrent backbones keep whole env trajectories
-and shuffle environments, never time (REFERENCE.md), starting from the rollout's first carry.
+and shuffle environments, never time (as CleanRL's ``ppo_atari_lstm``), starting from the rollout's
+first carry.
 """
 
 from __future__ import annotations
@@ -167,9 +168,8 @@ def policy(network, hyper: PPOHyper) -> acting.Policy:
     log-probability and value (and the normalised observation, when normalising)."""
 
     def init_carry(learner: Learner, num_envs: int) -> PPOCarry:
-        # A copy of the statistics: the actor's state is donated, the learner's is not.
-        return PPOCarry(network.initialize_carry(num_envs),
-                        jax.tree.map(jnp.copy, learner.obs_rms), jnp.zeros(num_envs))
+        return PPOCarry(network.initialize_carry(num_envs), learner.obs_rms,
+                        jnp.zeros(num_envs))
 
     def act(learner: Learner, carry: PPOCarry, obs, is_first, key, temperature=1.0):
         obs_rms = carry.obs_rms

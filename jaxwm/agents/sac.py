@@ -188,10 +188,10 @@ def config_block(**overrides) -> ml_collections.ConfigDict:
 
 
 def policy(nets: SACNets) -> acting.Policy:
-    """Acting with the actor's parameters: temperature 0 is tanh(mean), 1 the policy as
+    """Acting with a ``Learner``'s actor: temperature 0 is tanh(mean), 1 the policy as
     trained."""
-    return acting.stateless(lambda actor, obs, key, temperature: nets.act(
-        actor, jnp.asarray(obs, jnp.float32), key, temperature)[0])
+    return acting.stateless(lambda learner, obs, key, temperature: nets.act(
+        learner.actor, jnp.asarray(obs, jnp.float32), key, temperature)[0])
 
 
 def optimizers(hyper: SACHyper):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import jax
 
@@ -47,27 +47,33 @@ class Capabilities:
     """What an algorithm can run. ``cannot`` maps a capability it lacks to why: ``seeds``
     (``num_seeds`` > 1), ``processes`` (``jaxwm.launch``), ``async_pool`` (``env.batch_size``
     < ``env.num_envs``). ``actions`` and ``observations`` are the kinds of spaces it takes
-    (``discrete``/``continuous``; ``vector``/``pixels``); ``device_batches`` names the config
-    keys whose batches are split over the devices, so they must divide by their count."""
+    (``discrete``/``continuous``; ``vector``/``pixels``); ``device_batches(config)`` gives
+    the batches split over the devices, ``{what: size}``, so each must divide by their
+    count."""
 
     actions: tuple[str, ...] = ("discrete", "continuous")
     observations: tuple[str, ...] = ("vector", "pixels")
-    device_batches: tuple[str, ...] = ()
+    device_batches: Callable[[object], Mapping[str, int]] = lambda config: {}
     cannot: Mapping[str, str] = dataclasses.field(default_factory=lambda: {
         "processes": NO_PROCESSES, "async_pool": NO_ASYNC_POOL})
+
+
+def continuous_control(*batch_keys: str) -> Capabilities:
+    """Continuous actions from vector observations (SAC, planners), with the batches of the
+    dotted config keys ``batch_keys`` split over the devices."""
+    def setting(config, dotted):
+        for part in dotted.split("."):
+            config = config[part]
+        return config
+
+    return Capabilities(actions=("continuous",), observations=("vector",),
+                        device_batches=lambda c: {k: setting(c, k) for k in batch_keys})
 
 
 def get(name: str):
     if name not in REGISTRY:
         raise ConfigError(f"Unknown algorithm {name!r}; known: {sorted(REGISTRY)}.")
     return importlib.import_module(REGISTRY[name].module)
-
-
-def _setting(config, dotted: str):
-    node = config
-    for part in dotted.split("."):
-        node = node[part]
-    return node
 
 
 def check_capabilities(config, capabilities: Capabilities, spec) -> None:
@@ -106,7 +112,7 @@ def check_capabilities(config, capabilities: Capabilities, spec) -> None:
         raise ConfigError(f"{algo} takes {' or '.join(capabilities.observations)} observations; "
                           f"{spec.env_id} has {observation} of shape {spec.obs_shape}.")
     num_devices = config.num_devices or jax.device_count()
-    for key in capabilities.device_batches:
-        if _setting(config, key) % num_devices:
-            raise ConfigError(f"{key}={_setting(config, key)} must split over {num_devices} "
-                              "devices; make it a multiple, or set --config.num_devices.")
+    for what, size in capabilities.device_batches(config).items():
+        if size % num_devices:
+            raise ConfigError(f"{what}={size} must split over {num_devices} devices; make it a "
+                              "multiple, or set --config.num_devices.")

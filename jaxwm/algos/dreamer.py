@@ -39,9 +39,9 @@ from flax import struct
 from jaxwm import backend, parallel
 from jaxwm.agents import dreamer
 from jaxwm.algos import Capabilities
-from jaxwm.config import ConfigError
+from jaxwm.config import ConfigError, require
 from jaxwm.data.replay import SequenceReplay
-from jaxwm.envs import acting, make_env
+from jaxwm.envs import acting
 from jaxwm.envs.stats import episode_metrics
 from jaxwm.loop import phases, seeds
 from jaxwm.loop.algorithm import Algorithm, Hook
@@ -51,11 +51,14 @@ from jaxwm.models import rssm
 MAX_HOOK_REPEATS = 64  # M of collect:M, update_model:K (collects per cycle)
 
 
+CAPABILITIES = Capabilities(
+    device_batches=lambda c: {"dreamer.batch_size": c.dreamer.batch_size})
+
+
 @struct.dataclass
 class DreamerState:
     learner: dreamer.Learner
     replay: SequenceReplay
-    env_steps: jax.Array  # collected, for the achieved train ratio
     updates: jax.Array
     actor: acting.ActorState
 
@@ -95,9 +98,6 @@ def _hook_repeats(hooks) -> dict:
     return out
 
 
-CAPABILITIES = Capabilities(device_batches=("dreamer.batch_size",))
-
-
 def validate(config) -> None:
     d = config.dreamer
     checks = [
@@ -117,9 +117,7 @@ def validate(config) -> None:
         (0 < d.report_context < d.report_length <= d.prefill,
          "dreamer.report_context must be in (0, report_length) and report_length <= prefill."),
     ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
+    require(checks)
     derived = phase_hooks(config)["train"]  # refuses a ratio no hooks can meet
     train = config.phases.get("train")
     if train is not None:
@@ -154,16 +152,15 @@ def validate_env(config, spec) -> None:
 
 
 def build(config) -> Algorithm:
-    d, num_seeds = config.dreamer, config.num_seeds
-    env = make_env(config.env, num_envs=num_seeds * config.env.num_envs, seed=config.seed)
+    d, num_envs = config.dreamer, config.env.num_envs  # envs per seed
+    env = acting.make_pool(config)
     spec = env.spec
-    num_envs = config.env.num_envs  # per seed
     agent = dreamer.make(spec, d)
     # Data parallel as online SAC: acting runs on the process's first device; parameters,
     # optimiser and replay are replicated over the mesh, and each update's sequences are
     # split over its ``data`` axis.
     mesh = parallel.data_mesh(config.num_devices or None)
-    over_seeds = partial(seeds.vmap, num_seeds=num_seeds)
+    over_seeds = partial(seeds.vmap, num_seeds=config.num_seeds)
     policy = agent.policy()
 
     def finish(params, start, steps, final, completed):
@@ -174,13 +171,11 @@ def build(config) -> Algorithm:
         records = {"obs": steps.obs, "action": agent.model_action(steps.action),
                    "reward": steps.reward, "is_first": steps.is_first,
                    "is_terminal": steps.terminated}
-        return final.carry, (records, episode_metrics(completed))
+        return final.carry, ((records,), episode_metrics(completed))
 
-    actor = acting.Actor(env, acting.warmup(policy, partial(acting.uniform_action, spec)),
-                         d.steps_per_collect, mesh=mesh, groups=num_seeds, finish=finish)
-
-    def acting_params(learner, replay):  # random actions until the replay holds the prefill
-        return replay.size < d.prefill, learner.params
+    # Random actions until the replay holds the prefill.
+    actor = acting.Actor(env, policy, d.steps_per_collect, mesh=mesh, groups=config.num_seeds,
+                         finish=finish, warmup_transitions=d.prefill * num_envs)
 
     def init(key):
         example_obs = jnp.zeros((1,) + tuple(spec.obs_shape), spec.obs_dtype)
@@ -188,44 +183,23 @@ def build(config) -> Algorithm:
             jnp.zeros(agent.action_dim)
         example = {"obs": example_obs[0], "action": action, "reward": jnp.zeros(()),
                    "is_first": jnp.zeros((), bool), "is_terminal": jnp.zeros((), bool)}
-        learner, replay = over_seeds(lambda k: (
-            agent.init(k, example_obs), SequenceReplay.create(d.capacity, example, num_envs)))(
-            key)
-        counters = over_seeds(lambda k: (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)))(
-            key)  # two buffers: each is donated on its own
-        learner, replay, counters = parallel.replicate((learner, replay, counters), mesh)
-        return DreamerState(learner, replay, *counters,
-                            actor.init(acting_params(learner, replay)))
-
-    @partial(backend.jit, donate_argnums=(0, 1))
-    def _add(replay, env_steps, records):
-        replay = over_seeds(lambda r, x: r.add(x))(replay, records)
-        # A buffer of its own (float) for the metric, not the replay's size, which is donated.
-        return replay, env_steps + num_envs * d.steps_per_collect, \
-            replay.transitions.astype(jnp.float32)
-
-    def collect_hook(state: DreamerState, data, key):
-        del data
-        random = acting_params(state.learner, state.replay)[0]
-        actor_state, (records, metrics) = actor.collect(
-            acting_params(state.learner, state.replay), state.actor, key)
-        replay, env_steps, size = _add(state.replay, state.env_steps,
-                                       parallel.replicate(records, mesh))
-        state = state.replace(actor=actor_state, replay=replay, env_steps=env_steps)
-        return state, {}, {**metrics, "replay/size": size,
-                           "charts/random_actions": random.astype(jnp.float32)}
+        learner, replay, updates = over_seeds(lambda k: (
+            agent.init(k, example_obs), SequenceReplay.create(d.capacity, example, num_envs),
+            jnp.zeros((), jnp.int32)))(key)
+        learner, replay, updates = parallel.replicate((learner, replay, updates), mesh)
+        return DreamerState(learner, replay, updates, actor.init(learner))
 
     update = agent.make_update(mesh)
 
-    def train(learner, replay, env_steps, updates, key):
+    def train(learner, replay, updates, key):
         k_batch, k_loss = jax.random.split(key)
         batch = replay.sample(k_batch, d.batch_size, d.batch_length)
         learner, metrics = update(learner, batch, k_loss)
         replayed = (updates + 1) * d.batch_size * d.batch_length
-        trained_steps = jnp.maximum(env_steps - d.prefill * num_envs, 1)
+        trained_steps = jnp.maximum(replay.added - d.prefill * num_envs, 1)
         return learner, updates + 1, {**metrics, "replay/train_ratio": replayed / trained_steps}
 
-    _train = backend.jit(over_seeds(train), donate_argnums=(0, 3))
+    _train = backend.jit(over_seeds(train), donate_argnums=(0, 2))
 
     def report(learner, replay, key):
         k_batch, k_model = jax.random.split(key)
@@ -235,7 +209,7 @@ def build(config) -> Algorithm:
     @backend.jit
     def _report(learner, replay, key):
         metrics = over_seeds(report)(learner, replay, key)
-        if num_seeds > 1:  # one video (seed 0's); the MSEs per seed
+        if config.num_seeds > 1:  # one video (seed 0's); the MSEs per seed
             metrics = {k: jax.tree.map(lambda x: x[0], v) if isinstance(v, Video) else v
                        for k, v in metrics.items()}
         return metrics
@@ -244,8 +218,7 @@ def build(config) -> Algorithm:
 
     def train_hook(state, data, key):
         del data
-        learner, updates, metrics = _train(state.learner, state.replay, state.env_steps,
-                                           state.updates, key)
+        learner, updates, metrics = _train(state.learner, state.replay, state.updates, key)
         state = state.replace(learner=learner, updates=updates)
         if d.report_every > 0:
             if updates_seen["count"] is None:  # first call (or first after a resume)
@@ -261,12 +234,10 @@ def build(config) -> Algorithm:
         name="DreamerV3",
         init=init,
         hooks={
-            "collect": Hook(collect_hook, counts={"env_steps": num_envs * d.steps_per_collect}),
+            "collect": Hook(actor.replay_hook(), counts={"env_steps": num_envs * d.steps_per_collect}),
             "update_model": Hook(train_hook, counts={"model_updates": 1}),
         },
-        policy=acting.grouped(policy, num_seeds),
-        policy_params=lambda state: state.learner.params,
-        num_seeds=num_seeds,
+        policy=policy,
         phase_hooks=phase_hooks(config),
         close=actor.close,
     )

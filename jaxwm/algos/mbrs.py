@@ -34,14 +34,17 @@ from flax import struct
 
 from jaxwm import backend, parallel
 from jaxwm.agents import shooting
-from jaxwm.algos import Capabilities
-from jaxwm.config import ConfigError
+from jaxwm.algos import continuous_control
+from jaxwm.config import require
 from jaxwm.data.replay import TransitionReplay
-from jaxwm.envs import acting, make_env
+from jaxwm.envs import acting
 from jaxwm.envs.stats import episode_metrics
 from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import Algorithm, Hook
 from jaxwm.models import dynamics
+
+# The planner samples in the action box and its model predicts vector states.
+CAPABILITIES = continuous_control("mbrs.batch_size")
 
 
 @struct.dataclass
@@ -52,33 +55,24 @@ class MBRSState:
     actor: acting.ActorState
 
 
-# The planner samples in the action box and its model predicts vector states.
-CAPABILITIES = Capabilities(actions=("continuous",), observations=("vector",),
-                            device_batches=("mbrs.batch_size",))
-
-
 def validate(config) -> None:
+    """The planner's own settings (sizes > 0 and the env's spaces are checked for every
+    algorithm by ``jaxwm.runner.validate``)."""
     m = config.mbrs
-    checks = [
-        (m.num_candidates >= 2, "mbrs.num_candidates must be >= 2."),
-        (m.num_elites <= m.num_candidates, "mbrs.num_elites must be in [1, num_candidates]."),
-        (m.capacity >= m.warmup_steps, "mbrs.capacity must be >= mbrs.warmup_steps."),
-        (0.0 <= m.prior_momentum < 1.0, "mbrs.prior_momentum must be in [0, 1)."),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
+    require([(m.num_candidates >= 2, "mbrs.num_candidates must be >= 2."),
+             (m.num_elites <= m.num_candidates, "mbrs.num_elites must be in [1, num_candidates]."),
+             (m.capacity >= m.warmup_steps, "mbrs.capacity must be >= mbrs.warmup_steps."),
+             (0.0 <= m.prior_momentum < 1.0, "mbrs.prior_momentum must be in [0, 1).")])
 
 
 def build(config) -> Algorithm:
-    m, num_seeds = config.mbrs, config.num_seeds
-    env = make_env(config.env, num_envs=num_seeds * config.env.num_envs, seed=config.seed)
-    spec = env.spec
-    obs_dim, action_dim = spec.obs_shape[0], spec.action_shape[0]
-    low, high = jnp.asarray(spec.action_low), jnp.asarray(spec.action_high)
+    m = config.mbrs
+    env = acting.make_pool(config)
+    (obs_dim,), (action_dim,) = env.spec.obs_shape, env.spec.action_shape
+    low, high = jnp.asarray(env.spec.action_low), jnp.asarray(env.spec.action_high)
     model = dynamics.DynamicsMLP(obs_dim + 1, tuple(m.hidden))
     optimizer = optax.adam(m.learning_rate)
-    over_seeds = partial(seeds.vmap, num_seeds=num_seeds)
+    over_seeds = partial(seeds.vmap, num_seeds=config.num_seeds)
     mesh = parallel.data_mesh(config.num_devices or None)
 
     def model_step(model_state):
@@ -89,7 +83,7 @@ def build(config) -> Algorithm:
     def finish(params, start, steps, final, completed):
         """One group's transitions, and the model's error on them before it sees them."""
         del start
-        _, (model_state, _) = params
+        _, (model_state, _) = params  # (warm-up flag, (model, prior))
         flat, valid = acting.transitions(steps, final)
         predicted, _ = dynamics.predict(model, model_state, flat["obs"], flat["action"])
         weights = valid / jnp.maximum(jnp.sum(valid), 1)
@@ -100,13 +94,10 @@ def build(config) -> Algorithm:
             "model/zero_delta_mse": jnp.sum(weights * sq(flat["obs"] - flat["next_obs"])),
         }
         kept = {k: flat[k] for k in ("obs", "action", "reward", "next_obs")}
-        return final.carry, (kept, valid, metrics)
+        return final.carry, ((kept, valid), metrics)
 
-    actor = acting.Actor(env, acting.warmup(policy, partial(acting.uniform_action, spec)),
-                         m.steps_per_collect, mesh=mesh, groups=num_seeds, finish=finish)
-
-    def acting_params(state):  # uniform actions until the replay holds warmup_steps
-        return state.replay.size < m.warmup_steps, (state.model, state.prior)
+    actor = acting.Actor(env, policy, m.steps_per_collect, mesh=mesh, groups=config.num_seeds,
+                         finish=finish, warmup_transitions=m.warmup_steps)
 
     def init(key):
         example = {"obs": jnp.zeros(obs_dim), "action": jnp.zeros(action_dim),
@@ -116,20 +107,7 @@ def build(config) -> Algorithm:
             replay=TransitionReplay.create(m.capacity, example),
             prior=shooting.SequencePrior.create(m.horizon, low, high), actor=None))(key)
         state = parallel.replicate(state, mesh)
-        return state.replace(actor=actor.init(acting_params(state)))
-
-    @partial(backend.jit, donate_argnums=0)
-    def _add(replay, batch, valid):
-        return over_seeds(lambda r, b, v: r.add(b, v))(replay, batch, valid)
-
-    def collect_hook(state, data, key):
-        del data
-        random = acting_params(state)[0]
-        actor_state, (batch, valid, metrics) = actor.collect(acting_params(state), state.actor,
-                                                             key)
-        metrics = {**metrics, "charts/planning": (~random).astype(jnp.float32)}
-        replay = _add(state.replay, *parallel.replicate((batch, valid), mesh))
-        return state.replace(actor=actor_state, replay=replay), {}, metrics
+        return state.replace(actor=actor.init((state.model, state.prior)))
 
     def update_model(state: MBRSState, key):
         k_fit, k_steps = jax.random.split(key)
@@ -191,7 +169,7 @@ def build(config) -> Algorithm:
         name="MBRS",
         init=init,
         hooks={
-            "collect": Hook(collect_hook,
+            "collect": Hook(actor.replay_hook(lambda state: (state.model, state.prior)),
                             counts={"env_steps": config.env.num_envs * m.steps_per_collect}),
             "update_model": Hook(update_model_hook,
                                  counts={"model_updates": m.model_updates_per_call}),
@@ -199,8 +177,7 @@ def build(config) -> Algorithm:
             "update_agent": Hook(update_agent_hook, reads=("elites",),
                                  counts={"agent_updates": 1}),
         },
-        policy=acting.grouped(policy, num_seeds),
+        policy=policy,
         policy_params=lambda state: (state.model, state.prior),
-        num_seeds=num_seeds,
         close=actor.close,
     )

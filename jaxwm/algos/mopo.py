@@ -21,14 +21,21 @@ RealNVP density penalty. Hooks:
   rest from the model buffer.
 
 One policy epoch is thus two compiled calls (rollout, then K updates); the host only
-schedules them. The dataset is read-only data of the algorithm (on device once, sharded over
-the mesh when large); the ensemble, SAC learner and model buffer are the state, all of it
-checkpointed, so a resumed run continues exactly.
+schedules them. The dataset's transitions are a phase artifact (``jaxwm.loop.artifacts``): the
+run imports them into its directory when it starts, and a resume checks that the dataset file
+still holds them; hooks read all of them, on the device once (sharded over the mesh when
+large). The train/holdout split and bootstraps are read-only data. The ensemble, SAC learner
+and model buffer are the state, all of it checkpointed, so a resumed run continues exactly.
+
+Seeds (``num_seeds`` N): every part of the state gets a leading seed axis; seed k's split is
+drawn from the seed a one-seed run would have (``seeds.run_seeds``). With several seeds the
+model phase goes on until every seed's ensemble has converged, a converged one kept as it is.
 
 GORMPO's density model is fit once per dataset before training (``fit_density``: shuffled
 epochs, validation early stopping through ``jaxwm.models.patience``), cached on disk under
-``gormpo.cache_dir`` keyed by the dataset's contents and the density settings, and reused by
-later runs (and by resumes); it is read-only data like the dataset.
+``gormpo.cache_dir`` keyed by the dataset's contents, the density settings and
+``gormpo.density_seed``, and reused by later runs, resumes and every seed; it is read-only
+data.
 """
 
 from __future__ import annotations
@@ -49,13 +56,14 @@ from tqdm import tqdm
 
 from jaxwm import backend, parallel
 from jaxwm.agents import sac
-from jaxwm.algos import Capabilities
-from jaxwm.config import ConfigError
+from jaxwm.algos import continuous_control
+from jaxwm.config import ConfigError, require
 from jaxwm.data.datasets import Dataset, DatasetError, load_dataset
 from jaxwm.data.replay import TransitionReplay
-from jaxwm.envs import acting, make_env
+from jaxwm.envs import make_env
 from jaxwm.loop import seeds
-from jaxwm.loop.algorithm import Algorithm, Hook
+from jaxwm.loop.algorithm import Algorithm, Hook, learner_update
+from jaxwm.loop.artifacts import Artifact
 from jaxwm.models import ensemble, realnvp, termination
 from jaxwm.models.dynamics import Normalizer
 
@@ -63,6 +71,9 @@ UNCERTAINTY = "uncertainty"  # MOPO's penalty
 # Above this coefficient the (unbounded) inverse density penalty gets a warning.
 INVERSE_COEF_WARN = 0.1
 ALGOS = ("mopo", "gormpo")
+
+
+CAPABILITIES = continuous_control("sac.batch_size", "mopo.rollout_batch", "mopo.model_batch")
 
 
 @struct.dataclass
@@ -75,11 +86,6 @@ class MOPOState:
 def penalty_shape(config) -> str:
     """The penalty in use: ``config.penalty``, or the algorithm's own when left empty."""
     return config.penalty or (UNCERTAINTY if config.algo == "mopo" else "linear")
-
-
-CAPABILITIES = Capabilities(
-    actions=("continuous",), observations=("vector",),
-    device_batches=("sac.batch_size", "mopo.rollout_batch", "mopo.model_batch"))
 
 
 def validate(config) -> None:
@@ -97,9 +103,7 @@ def validate(config) -> None:
         (m.num_elites <= m.num_members, "mopo.num_elites must be in [1, num_members]."),
         (0.0 <= m.real_ratio <= 1.0, "mopo.real_ratio must be in [0, 1]."),
     ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
+    require(checks)
     if shape == "inverse" and config.penalty_coef > INVERSE_COEF_WARN:
         warnings.warn(
             f"jaxwm: the inverse penalty e^(tau - logp) is unbounded; at penalty_coef "
@@ -195,7 +199,7 @@ def model_split(config, num: int, seed: int) -> dict[str, np.ndarray]:
 
 
 def build(config) -> Algorithm:
-    m, s, num_seeds = config.mopo, config.sac, config.num_seeds
+    m, s = config.mopo, config.sac
     dataset = load_for(config)
     # The env only for its spaces (and the evaluator's own pool): offline, nothing is stepped.
     probe = make_env(config.env, num_envs=1, seed=config.seed)
@@ -214,7 +218,7 @@ def build(config) -> Algorithm:
     nets = sac.SACNets.create(box, s.actor_hidden, s.critic_hidden)
     hyper = sac.SACHyper.from_config(s)
     shape, coef = penalty_shape(config), float(config.penalty_coef)
-    over_seeds = partial(seeds.vmap, num_seeds=num_seeds)
+    over_seeds = partial(seeds.vmap, num_seeds=config.num_seeds)
 
     mesh = parallel.data_mesh(config.num_devices or None)
     constrain = partial(parallel.constrain_batch, mesh=mesh)
@@ -222,17 +226,19 @@ def build(config) -> Algorithm:
     constrain_members = (lambda x: jax.lax.with_sharding_constraint(x, member_batches)) \
         if mesh.size > 1 else (lambda x: x)
 
-    # Read-only data: the transitions; each seed's train/holdout split and bootstraps (seed k
-    # draws them as a run with seed + k * env.num_envs would) and input scaler.
+    # The transitions: a phase artifact the run imports when it starts and keeps (a resume
+    # trains on the rows the run began with); hooks read all of it, on the device.
     arrays = {k: np.asarray(v, np.float32) for k, v in dataset.transitions.items()}
+    artifacts = {"dataset": Artifact(example={k: v[0] for k, v in arrays.items()},
+                                     source=lambda: arrays,
+                                     place=partial(parallel.put_readonly, mesh=mesh))}
+    # Read-only data: each seed's train/holdout split and bootstraps (seed k draws them as a
+    # run with seed + k * env.num_envs would).
     splits = [model_split(config, len(dataset), seed) for seed in seeds.run_seeds(config)]
-    split = jax.tree.map(lambda *xs: np.stack(xs) if num_seeds > 1 else xs[0], *splits)
-    scalers = [Normalizer.fit(jnp.asarray(ensemble.inputs(arrays["obs"][sp["train"]],
-                                                          arrays["action"][sp["train"]])))
-               for sp in splits]
-    scaler = jax.tree.map(lambda *xs: jnp.stack(xs) if num_seeds > 1 else xs[0], *scalers)
-    data = {"dataset": parallel.put_readonly(arrays, mesh),
-            "model_split": parallel.replicate(jax.tree.map(jnp.asarray, split), mesh)}
+    split = seeds.stack(splits)
+    scaler = seeds.stack([Normalizer.fit(jnp.asarray(ensemble.inputs(
+        arrays["obs"][sp["train"]], arrays["action"][sp["train"]]))) for sp in splits])
+    data = {"model_split": parallel.replicate(jax.tree.map(jnp.asarray, split), mesh)}
     if config.algo == "gormpo":
         x = np.concatenate([arrays["obs"], arrays["action"]], 1)
         d_spec, d_params, d_scaler, tau = fit_density(config, x)
@@ -329,10 +335,6 @@ def build(config) -> Algorithm:
         state, metrics = _rollout(state, data["dataset"], data.get("density"), key)
         return state, {}, metrics
 
-    def update_agent_hook(state, data, key):
-        learner, metrics = _sac_updates(state.learner, state.buffer, data["dataset"], key)
-        return state.replace(learner=learner), {}, metrics
-
     rollout_reads = ("dataset", "density") if "density" in data else ("dataset",)
     return Algorithm(
         name=config.algo.upper(),
@@ -341,14 +343,14 @@ def build(config) -> Algorithm:
             "update_model": Hook(update_model_hook, counts={"model_epochs": 1},
                                  reads=("dataset", "model_split")),
             "imagine": Hook(imagine_hook, counts={"model_rollouts": 1}, reads=rollout_reads),
-            "update_agent": Hook(update_agent_hook, reads=("dataset",),
+            "update_agent": Hook(learner_update(_sac_updates, lambda state, data: (
+                state.buffer, data["dataset"])), reads=("dataset",),
                                  counts={"agent_updates": m.updates_per_epoch}),
         },
         data=data,
+        artifacts=artifacts,
         predicates={"model_converged": lambda state: jnp.all(
             state.model.patience.exhausted(m.model_patience))},
-        policy=acting.grouped(sac.policy(nets), num_seeds),
-        policy_params=lambda state: state.learner.actor,
-        num_seeds=num_seeds,
+        policy=sac.policy(nets),
         score_reference=dataset.reference_returns,
     )

@@ -54,16 +54,13 @@ from jaxwm import backend, parallel
 from jaxwm.agents import ppo
 from jaxwm.algos import Capabilities
 from jaxwm.config import ConfigError, pool_is_async
-from jaxwm.envs import acting, make_env
+from jaxwm.envs import acting
 from jaxwm.loop import seeds
-from jaxwm.loop.algorithm import Algorithm, Hook
+from jaxwm.loop.algorithm import Algorithm, Hook, learner_update
 from jaxwm.nets import backbones
 from jaxwm.nets.actor_critic import make_actor_critic
 from jaxwm.nets.actor_critic import validate as validate_network
 from jaxwm.ops.normalize import RunningMeanStd
-
-# Every capability: seeds, several processes, envpool's asynchronous pools.
-CAPABILITIES = Capabilities(cannot={})
 
 
 @struct.dataclass
@@ -85,6 +82,27 @@ def anneal_updates(config) -> int:
     return iterations * p.update_epochs * p.num_minibatches
 
 
+def minibatch_sequences(config) -> tuple[int, bool]:
+    """(sequences per minibatch's worth of data, whether the network has memory): memory
+    backbones shuffle whole env rows, feed-forward ones every step."""
+    recurrent = config.network.backbone != "ff" or config.network.frames > 1
+    rows = rollout_rows(config)
+    return (rows if recurrent else rows * config.ppo.num_steps), recurrent
+
+
+def device_batches(config) -> dict[str, int]:
+    sequences, _ = minibatch_sequences(config)
+    batches = {"a minibatch's sequences (rows * ppo.num_steps / ppo.num_minibatches, rows for "
+               "memory backbones)": sequences // config.ppo.num_minibatches}
+    if pool_is_async(config):
+        batches["env.batch_size"] = config.env.batch_size
+    return batches
+
+
+# Every capability: seeds, several processes, envpool's asynchronous pools.
+CAPABILITIES = Capabilities(device_batches=device_batches, cannot={})
+
+
 def validate_env(config, spec) -> None:
     """The network against the env's observations (an image encoder on vectors, ...)."""
     validate_network(spec, config.network)
@@ -94,9 +112,7 @@ def validate(config) -> None:
     """PPO's own checks, run on the host before anything is built or compiled."""
     backbones.validate(config.network)
     p, num_envs = config.ppo, config.env.num_envs
-    recurrent = config.network.backbone != "ff" or config.network.frames > 1
-    rows = rollout_rows(config)
-    sequences = rows if recurrent else rows * p.num_steps
+    sequences, recurrent = minibatch_sequences(config)
     envs = "env.batch_size" if pool_is_async(config) else "env.num_envs"
     what = f"{envs} (memory backbones shuffle whole envs, never time)" if recurrent else \
         f"{envs} * ppo.num_steps"
@@ -119,14 +135,6 @@ def validate(config) -> None:
             if recurrent and num_envs == 1 else ""
         raise ConfigError(f"ppo.num_minibatches={p.num_minibatches} must divide {what} = "
                           f"{sequences}{hint}.")
-    num_devices = config.num_devices or jax.device_count()
-    if pool_is_async(config) and rows % num_devices:
-        raise ConfigError(f"env.batch_size={rows} rows do not shard over {num_devices} devices;"
-                          " make it a multiple, or set --config.num_devices.")
-    if (sequences // p.num_minibatches) % num_devices:
-        raise ConfigError(f"A minibatch holds {sequences // p.num_minibatches} sequences, which "
-                          f"does not split over {num_devices} devices; change ppo.num_minibatches"
-                          " or env.num_envs, or set --config.num_devices.")
     ppo.resolve_loop_form(p.loop_form)
 
 
@@ -150,14 +158,9 @@ def merge_over_processes(start, statistics, metrics):
 
 def build(config) -> Algorithm:
     num_seeds = config.num_seeds
-    # Several processes: each steps its own share of the envs, seeded so that together they
-    # are the one-process pool (envpool seeds env i with seed + i).
     processes, process = jax.process_count(), jax.process_index()
-    num_envs = config.env.num_envs // processes
-    # With several seeds, one pool holds every seed's envs in turn (acting.grouped).
-    env = make_env(config.env, num_envs=num_seeds * num_envs, seed=config.seed + process * num_envs,
-                   batch_size=config.env.batch_size, num_threads=config.env.num_threads)
-    rows = env.batch_size if env.is_async else num_envs
+    env = acting.make_pool(config)
+    rows = env.batch_size if env.is_async else config.env.num_envs // processes
     spec = env.spec
     network = make_actor_critic(spec, config.network)
     hyper = ppo.PPOHyper.from_config(config.ppo, recurrent=network.has_memory)
@@ -207,12 +210,10 @@ def build(config) -> Algorithm:
         learner = state.learner.replace(obs_rms=statistics[0], return_rms=statistics[1])
         return PPOState(learner, actor_state), {"rollout": rollout}, metrics
 
-    def update_hook(state, data, key):
-        rollout = data["rollout"]
-        if multi_device:  # each process's rollout is its slice of the global batch
-            rollout = parallel.global_batch(rollout, rollout_sharding)
-        learner, metrics = update(state.learner, rollout, key)
-        return state.replace(learner=learner), {}, metrics
+    def rollout_of(state, data):  # each process's rollout: its slice of the global batch
+        if multi_device:
+            return (parallel.global_batch(data["rollout"], rollout_sharding),)
+        return (data["rollout"],)
 
     return Algorithm(
         name="PPO",
@@ -221,11 +222,9 @@ def build(config) -> Algorithm:
             # Counted per seed: each agent's own experience (loop.seeds).
             "collect": Hook(collect_hook, counts={"env_steps": rows * hyper.num_steps},
                             writes=("rollout",)),
-            "update_agent": Hook(update_hook, reads=("rollout",), counts={
+            "update_agent": Hook(learner_update(update, rollout_of), reads=("rollout",), counts={
                 "agent_updates": hyper.update_epochs * hyper.num_minibatches}),
         },
-        policy=actor.policy,
-        policy_params=lambda state: state.learner,
-        num_seeds=num_seeds,
+        policy=ppo.policy(network, hyper),
         close=actor.close,
     )

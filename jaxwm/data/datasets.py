@@ -94,7 +94,15 @@ def load_dataset(path: str) -> Dataset:
 
     path = os.path.expanduser(path)
     file = _locate(path)
-    with h5py.File(file, "r") as f:
+    try:
+        f = h5py.File(file, "r")
+    except OSError as e:
+        size = os.path.getsize(file)
+        raise DatasetError(
+            f"{file} is not an HDF5 file ({'empty' if size == 0 else f'{size} bytes'}; h5py: "
+            f"{e}); a dataset is a D4RL or Minari HDF5 file: point --config.dataset at one, or "
+            "make one with `python -m jaxwm.tools.make_dataset`.") from None
+    with f:
         if any(name.startswith("episode_") for name in f.keys()):
             return _minari(f, file)
         return _d4rl(f, file)

@@ -11,7 +11,8 @@
   marked by the data's own ``is_first`` flags, not avoided.
 
 ``capacity`` means one thing for both: transitions (env steps over all envs), as DreamerV3's
-``replay.size`` does. ``can_sample(...)`` is whether a batch can be drawn (a device bool, so
+``replay.size`` does; ``transitions`` is how many a buffer holds and ``added`` how many it has
+been given in all (DreamerV3's achieved train ratio counts them). ``can_sample(...)`` is whether a batch can be drawn (a device bool, so
 no host sync); ``sample`` on a buffer that cannot is the caller's mistake and returns zeros
 of the right shape. The two types have different ``sample`` signatures, so a transition
 buffer can never be sampled as sequences or the reverse.
@@ -47,6 +48,7 @@ class TransitionReplay:
     data: Any
     insert: jax.Array  # next slot to write
     size: jax.Array  # filled slots
+    added: jax.Array  # transitions given to add, in all
     capacity: int = struct.field(pytree_node=False)
 
     @classmethod
@@ -54,8 +56,12 @@ class TransitionReplay:
         """``example`` is one transition (no batch axis)."""
         if capacity <= 0:
             raise ValueError(f"Replay capacity must be > 0, got {capacity}.")
-        return cls(_allocate((capacity,), example), jnp.zeros((), jnp.int32),
-                   jnp.zeros((), jnp.int32), capacity)
+        zero = lambda: jnp.zeros((), jnp.int32)  # noqa: E731 -- a buffer each: donated apart
+        return cls(_allocate((capacity,), example), zero(), zero(), zero(), capacity)
+
+    @property
+    def transitions(self) -> jax.Array:
+        return self.size
 
     def add(self, batch: Any, mask: jax.Array | None = None) -> TransitionReplay:
         """Writes the rows of ``batch`` (leading axis n) whose ``mask`` is True."""
@@ -68,7 +74,8 @@ class TransitionReplay:
         data = jax.tree.map(lambda buf, x: buf.at[slots].set(x, mode="drop"), self.data, batch)
         added = jnp.sum(mask).astype(jnp.int32)
         return self.replace(data=data, insert=(self.insert + added) % self.capacity,
-                            size=jnp.minimum(self.size + added, self.capacity))
+                            size=jnp.minimum(self.size + added, self.capacity),
+                            added=self.added + added)
 
     def can_sample(self) -> jax.Array:
         return self.size > 0
@@ -87,6 +94,7 @@ class SequenceReplay:
     data: Any
     insert: jax.Array  # next step to write
     size: jax.Array  # filled steps
+    added: jax.Array  # transitions given to add, in all
     capacity: int = struct.field(pytree_node=False)
 
     @classmethod
@@ -96,8 +104,9 @@ class SequenceReplay:
         steps = capacity // num_envs
         if steps <= 0:
             raise ValueError(f"Replay capacity {capacity} holds no step of {num_envs} envs.")
-        return cls(_allocate((steps, num_envs), example), jnp.zeros((), jnp.int32),
-                   jnp.zeros((), jnp.int32), steps * num_envs)
+        zero = lambda: jnp.zeros((), jnp.int32)  # noqa: E731 -- a buffer each: donated apart
+        return cls(_allocate((steps, num_envs), example), zero(), zero(), zero(),
+                   steps * num_envs)
 
     @property
     def steps(self) -> int:
@@ -117,7 +126,8 @@ class SequenceReplay:
         slots = (self.insert + jnp.arange(t)) % self.steps
         data = jax.tree.map(lambda buf, x: buf.at[slots].set(x), self.data, chunk)
         return self.replace(data=data, insert=(self.insert + t) % self.steps,
-                            size=jnp.minimum(self.size + t, self.steps))
+                            size=jnp.minimum(self.size + t, self.steps),
+                            added=self.added + t * self.num_envs)
 
     def can_sample(self, length: int) -> jax.Array:
         return self.size >= length

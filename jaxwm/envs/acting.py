@@ -58,6 +58,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxwm import backend, parallel
+from jaxwm.envs.factory import make_env
 from jaxwm.envs.stats import EpisodeStats, episode_metrics
 from jaxwm.envs.types import EnvSpec, StepResult
 
@@ -67,9 +68,7 @@ from jaxwm.envs.types import EnvSpec, StepResult
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """``init_carry(params, num_envs) -> carry``; ``act(params, carry, obs [n, ...], is_first
-    [n], key, temperature=1.0) -> (carry, action [n, ...], extras)`` (module docstring). The
-    carry ``init_carry`` returns must own its buffers (copy what it takes from ``params``):
-    collection donates the actor's state, and with it the carry."""
+    [n], key, temperature=1.0) -> (carry, action [n, ...], extras)`` (module docstring)."""
 
     init_carry: Callable[[Any, int], Any]
     act: Callable[..., tuple[Any, jax.Array, dict]]
@@ -99,9 +98,10 @@ def uniform(spec: EnvSpec) -> Policy:
                                                                           obs.shape[0]))
 
 
-def warmup(policy: Policy, random_action: Callable[[jax.Array, int], jax.Array]) -> Policy:
-    """``policy`` or random actions, switched by a device flag: params are ``(random,
-    policy_params)`` with ``random`` a bool scalar, so the switch never recompiles.
+def warmup(policy: Policy, spec: EnvSpec) -> Policy:
+    """``policy`` or uniformly random actions in ``spec``'s space, switched by a device flag:
+    params are ``(random, policy_params)`` with ``random`` a bool scalar, so the switch never
+    recompiles.
 
     While random, the carry is left as it is: the policy takes over with the carry it would
     have started from (dreamerv3's driver resets to the agent's initial carry after its
@@ -121,7 +121,8 @@ def warmup(policy: Policy, random_action: Callable[[jax.Array, int], jax.Array])
             return new_carry, action
 
         def at_random():
-            return carry, random_action(k_random, obs.shape[0]).astype(action_type.dtype)
+            action = uniform_action(spec, k_random, obs.shape[0])
+            return carry, action.astype(action_type.dtype)
 
         action_type = jax.eval_shape(by_policy)[1]
         new_carry, action = jax.lax.cond(random, at_random, by_policy)
@@ -178,27 +179,30 @@ class EnvStep:
     * ``recv(env_state, pending) -> (env_state, ids, StepResult)``: the rows to act on next;
       ``ids`` are the envs they belong to, ``None`` for all envs in order;
     * ``send(env_state, ids, action) -> (env_state, pending)``: their actions.
+
+    ``spec``: the env's ``EnvSpec`` (``num_envs`` at least), where an ``Actor`` steps it.
     """
 
     start: Callable[[], tuple[Any, StepResult | None]]
     recv: Callable[[Any, StepResult | None], tuple[Any, jax.Array | None, StepResult]]
     send: Callable[[Any, jax.Array | None, jax.Array], tuple[Any, StepResult | None]]
     is_async: bool = False
+    spec: Any = None
 
 
 def sync(step: Callable[[Any, jax.Array], tuple[Any, StepResult]],
-         start: Callable[[], tuple[Any, StepResult]]) -> EnvStep:
+         start: Callable[[], tuple[Any, StepResult]], spec=None) -> EnvStep:
     """Every env steps at once: ``step(env_state, action) -> (env_state, StepResult)``, the
     result received by the next ``recv``. ``start() -> (env_state, first StepResult)``."""
     return EnvStep(start=start, recv=lambda env_state, pending: (env_state, None, pending),
-                   send=lambda env_state, ids, action: step(env_state, action))
+                   send=lambda env_state, ids, action: step(env_state, action), spec=spec)
 
 
 def envpool(env) -> EnvStep:
     """An ``EnvPoolEnv`` (or ``HostEnv``) pool: its XLA step and reset, synchronous or, for a
     pool built with ``batch_size`` < ``num_envs``, asynchronous."""
     if not getattr(env, "is_async", False):
-        return sync(env.xla_step, env.xla_reset)
+        return sync(env.xla_step, env.xla_reset, env.spec)
 
     def recv(handle, pending):
         del pending
@@ -206,7 +210,7 @@ def envpool(env) -> EnvStep:
 
     return EnvStep(start=lambda: (env.xla_async_reset(), None), recv=recv,
                    send=lambda handle, ids, action: (env.xla_send(handle, action, ids), None),
-                   is_async=True)
+                   is_async=True, spec=env.spec)
 
 
 # ----------------------------------------------------------------------------- the scan
@@ -370,6 +374,19 @@ def episode_metrics_by_group(completed, groups: int):
 # ----------------------------------------------------------------------------- the actor
 
 
+def make_pool(config):
+    """The training env pool a config asks for: this process's share of ``env.num_envs``
+    (several processes each step their own, seeded so that together they are the
+    one-process pool: envpool seeds env i with seed + i), for each of ``num_seeds`` seeds in
+    turn (the groups of ``grouped``), synchronous or asynchronous (``env.batch_size``)."""
+    processes, process = jax.process_count(), jax.process_index()
+    num_envs = config.env.num_envs // processes
+    return make_env(config.env, num_envs=config.num_seeds * num_envs,
+                    seed=config.seed + process * num_envs, batch_size=config.env.batch_size,
+                    num_threads=config.env.num_threads)
+
+
+
 def _by_group(groups: int, start: ActorState, steps: Steps, final: ActorState, completed):
     """The rollout of a grouped pool as ``groups`` rollouts: every pool-wide leaf split into a
     leading group axis (``steps`` and ``completed`` ``[T, groups * n]`` -> ``[groups, T, n]``);
@@ -390,9 +407,10 @@ def _keep_all(params, start, steps, final, completed):
 
 
 class Actor:
-    """An env pool acting under a policy: ``init(params)`` starts the pool and returns its
-    ``ActorState``; ``collect(params, actor, key)`` runs ``rollout`` in one jitted call
-    (donating ``actor``) on the pool's device and returns ``(actor, outputs)``.
+    """An env pool (or any ``EnvStep`` with a ``spec``) acting under a policy:
+    ``init(params)`` starts the pool and returns its ``ActorState``; ``collect(params, actor,
+    key)`` runs ``rollout`` in one jitted call (donating ``actor``) on the pool's device and
+    returns ``(actor, outputs)``.
 
     ``finish(params, start, steps, final, completed) -> (carry, outputs)`` is the
     algorithm's post-processing of a rollout (by default the ``steps`` and ``completed``
@@ -410,15 +428,21 @@ class Actor:
     """
 
     def __init__(self, env, policy: Policy, num_steps: int, *, mesh=None, groups: int = 1,
-                 finish: Callable | None = None, background: bool = False):
+                 finish: Callable | None = None, background: bool = False,
+                 warmup_transitions: int = 0):
         self.env = env
         self.env_step = env if isinstance(env, EnvStep) else envpool(env)
         if groups > 1 and self.env_step.is_async:
             raise ValueError("An asynchronous pool's rows are whichever envs are ready; it "
                              "cannot be split into groups.")
+        self.spec = self.env_step.spec
+        self.warmup_transitions = warmup_transitions
+        if warmup_transitions:
+            policy = warmup(policy, self.spec)
         self.policy = grouped(policy, groups)
         self.groups = groups
         self.num_steps = num_steps
+        self.mesh = mesh
         self.device = parallel.local_device(mesh) if mesh is not None and mesh.size > 1 \
             else None
         self._handle = None
@@ -438,17 +462,30 @@ class Actor:
         # The background program keeps its input ActorState: the state still refers to it.
         self._background = _Background(backend.jit(collect)) if background else None
 
+        def add(replay, rows):
+            add_one = lambda replay, rows: replay.add(*rows)  # noqa: E731
+            replay = (jax.vmap(add_one) if groups > 1 else add_one)(replay, rows)
+            # Buffers of their own (float), not the replay's counters, which are donated.
+            return replay, replay.transitions.astype(jnp.float32)
+
+        self._add = backend.jit(add, donate_argnums=0)
+
     @property
     def num_envs(self) -> int:
-        return self.env.spec.num_envs
+        return self.spec.num_envs
 
     def init(self, params) -> ActorState:
         """Starts (or restarts) the pool: every env reset, a fresh carry from ``params``."""
         if self._background is not None:
             self._background.drop()
+        if self.warmup_transitions:  # the warm-up flag, per group
+            params = (jnp.zeros((self.groups,) if self.groups > 1 else (), bool), params)
         self._handle, pending = self.env_step.start()
         actor = ActorState.start(pending, self.policy.init_carry(self.local(params),
                                                                  self.num_envs), self.num_envs)
+        # Buffers of its own: collection donates the actor state, and an env's first rows or
+        # a carry may share a buffer (one zeros array for two flags, say).
+        actor = jax.tree.map(jnp.copy, actor)
         # One device: left uncommitted, like everything else, so every jitted hook sees the
         # same placement on every call and compiles once.
         return jax.device_put(actor, self.device) if self.device is not None else actor
@@ -468,6 +505,36 @@ class Actor:
                                                             self._handle, key)
         return used, out
 
+    def collect_into(self, replay, params, actor: ActorState, key):
+        """``collect``, then ``replay.add(*rows)`` for the ``(rows, metrics)`` that ``finish``
+        returns: off-policy collection into a replay the state holds (one per group, and
+        replicated over the mesh), donated, so it is written in place. With
+        ``warmup_transitions`` N the actions are uniformly random until the replay has been
+        given N transitions (``warmup``; ``params`` are then ``(flag, params)``). Returns
+        ``(actor, replay, metrics)``, with ``replay/size`` (transitions held) and
+        ``charts/random_actions`` among the metrics."""
+        random = replay.added < self.warmup_transitions  # a device bool: no host sync
+        if self.warmup_transitions:
+            params = (random, params)
+        actor, (rows, metrics) = self.collect(params, actor, key)
+        if self.mesh is not None:
+            rows = parallel.replicate(rows, self.mesh)
+        replay, size = self._add(replay, rows)
+        return actor, replay, {**metrics, "replay/size": size,
+                               "charts/random_actions": random.astype(jnp.float32)}
+
+    def replay_hook(self, params_of: Callable = lambda state: state.learner):
+        """The ``collect`` hook of an off-policy algorithm whose state holds ``replay`` and
+        ``actor``: ``collect_into`` with the policy parameters ``params_of(state)``."""
+
+        def collect(state, data, key):
+            del data
+            actor, replay, metrics = self.collect_into(state.replay, params_of(state),
+                                                       state.actor, key)
+            return state.replace(actor=actor, replay=replay), {}, metrics
+
+        return collect
+
     def start_next(self, params, actor: ActorState, key) -> None:
         """``background`` only: starts the next rollout from ``actor`` with ``params``."""
         self._background.start(self.local(params), actor, self._handle, key)
@@ -475,7 +542,8 @@ class Actor:
     def close(self) -> None:
         if self._background is not None:
             self._background.close()
-        self.env.close()
+        if hasattr(self.env, "close"):  # a pool (an EnvStep of pure functions has none)
+            self.env.close()
 
 
 class _Background:

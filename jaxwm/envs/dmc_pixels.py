@@ -20,10 +20,9 @@ through MuJoCo's OpenGL contexts; nothing else on PyPI renders these tasks. It i
 (``'MjModel' object has no attribute 'flex_vertedge'``), so the extra pins ``mujoco<4``.
 The OpenGL backend is ``MUJOCO_GL``: ``egl`` (set when unset, as the official code does; on
 a GPU machine the driver's EGL, on a CPU one Mesa's ``libegl1`` with ``libgl1-mesa-dri``,
-software-rendered) or ``osmesa`` (``apt install libosmesa6``). Cost measured on the 2-core
-CPU machine (Mesa llvmpipe): ~20 ms to render a 64x64 frame, ~0.2 ms for a physics step, so
-16 WalkerWalk envs gave 48-53 env steps/s. A GPU driver's EGL should render far faster
-(not measured here).
+software-rendered) or ``osmesa`` (``apt install libosmesa6``). Software rendering costs far
+more than the physics (benchmarks/results/learning_cpu.md); a GPU driver's EGL should render
+far faster (not measured here).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The contract between the loop and an algorithm (DESIGN.md, convention 2).
+"""The contract between the loop and an algorithm (docs/architecture.md, "The loop contract").
 
 An algorithm is a frozen bundle of functions. The loop knows nothing else about it:
 
@@ -12,10 +12,14 @@ An algorithm is a frozen bundle of functions. The loop knows nothing else about 
   the inputs ``data`` holds: outputs written by an earlier hook of the same cycle (PPO's
   ``rollout``, mbrs's ``elites``) or read-only data (below). ``writes`` names the
   ``outputs`` it returns. Passed data lives for one cycle and is never checkpointed.
-* ``data``: read-only inputs (an offline dataset, demonstrations), loaded once and put on
-  device by the algorithm (``parallel.put_readonly`` shards the large ones), handed to the
-  hooks that read them as arguments, so they are neither checkpointed nor baked into a
+* ``data``: read-only inputs (demonstrations, a dataset's derived splits), loaded once and
+  put on device by the algorithm (``parallel.put_readonly`` shards the large ones), handed to
+  the hooks that read them as arguments, so they are neither checkpointed nor baked into a
   compiled program as constants.
+* ``artifacts``: phase artifacts (``loop.artifacts``), data one phase writes and later ones
+  read, or that a run imports when it starts (MOPO's dataset), kept in the run directory and
+  never checkpointed; a hook writes one by returning rows under its name and reads one like
+  any input (every row, or a streamed batch per call).
 * ``phase_hooks``: hooks derived from the config for phases whose ``hooks`` the config
   leaves empty (DreamerV3's ``collect:M, update_model:K`` from its train ratio); the config
   itself is never rewritten.
@@ -24,8 +28,9 @@ An algorithm is a frozen bundle of functions. The loop knows nothing else about 
   once per cycle of such a phase.
 * ``policy`` and ``policy_params(state)``: what the evaluator acts with in a separate env
   pool, the ``jaxwm.envs.acting.Policy`` that training collection uses too, and its
-  parameters in a state. ``num_seeds`` N > 1: the state holds N independent agents
-  (``loop.seeds``), and the policy is grouped (``acting.grouped``). ``score_reference``
+  parameters in a state (by default ``state.learner``). It is one seed's policy: with
+  ``config.num_seeds`` N > 1 the state holds N independent agents (``loop.seeds``) and the
+  evaluator groups the policy (``acting.grouped``). ``score_reference``
   (min, max) returns, where known, make the evaluator report D4RL's normalised score.
 * ``persistent(state)``: the part of the state a checkpoint holds. The default drops every
   ``acting.ActorState`` in it (per-env observations, policy carries, episode statistics):
@@ -53,6 +58,7 @@ from typing import Any
 import jax
 
 from jaxwm.envs.acting import ActorState, Policy
+from jaxwm.loop.artifacts import Artifact
 
 CONVENTIONAL_HOOKS = ("collect", "update_model", "update_agent", "imagine")
 EVALUATE = "evaluate"  # served by the loop's evaluator
@@ -102,16 +108,27 @@ def restore_actors(fresh, saved):
     return jax.tree.map(lambda f, s: f if _is_actor(f) else s, fresh, saved, is_leaf=_is_actor)
 
 
+def learner_update(update: Callable, inputs: Callable = lambda state, data: ()) -> HookFn:
+    """A hook that updates ``state.learner``: ``update(learner, *inputs(state, data), key) ->
+    (learner, metrics)``, typically a jitted function that donates the learner."""
+
+    def hook(state, data, key):
+        learner, metrics = update(state.learner, *inputs(state, data), key)
+        return state.replace(learner=learner), {}, metrics
+
+    return hook
+
+
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
     name: str
     init: Callable[[jax.Array], Any]
     hooks: Mapping[str, Hook]
     policy: Policy | None = None
-    policy_params: Callable[[Any], Any] = lambda state: state
-    num_seeds: int = 1
+    policy_params: Callable[[Any], Any] = lambda state: state.learner
     score_reference: tuple[float, float] | None = None
     data: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    artifacts: Mapping[str, Artifact] = dataclasses.field(default_factory=dict)
     predicates: Mapping[str, Callable[[Any], Any]] = dataclasses.field(default_factory=dict)
     phase_hooks: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     persistent: Callable[[Any], Any] = drop_actors
@@ -123,6 +140,9 @@ class Algorithm:
             _check_name(name, "Hook name")
         if EVALUATE in self.hooks:
             raise ValueError(f"'{EVALUATE}' is the loop's evaluator; name the hook otherwise.")
+        clash = set(self.data) & set(self.artifacts)
+        if clash:
+            raise ValueError(f"{sorted(clash)} are both read-only data and phase artifacts.")
         for name, hook in self.hooks.items():
             shadowed = set(hook.writes) & set(self.data)
             if shadowed:

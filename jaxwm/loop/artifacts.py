@@ -40,7 +40,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxwm.config import ConfigError
@@ -91,13 +90,13 @@ class ArtifactFile:
         for name, leaf in zip(self._names, self._leaves, strict=True):
             leaf = np.asarray(leaf)
             if name in self._file:
-                stored = self._file[name]
-                if stored.shape[1:] != leaf.shape or stored.dtype != leaf.dtype:
+                shape, dtype = self._file[name].shape[1:], self._file[name].dtype
+                if shape != leaf.shape or dtype != leaf.dtype:
                     self._file.close()
                     raise ConfigError(
-                        f"{path}: {name} holds rows of {stored.shape[1:]} {stored.dtype}, this "
-                        f"run writes {leaf.shape} {leaf.dtype}; it was written by another "
-                        "config: resume with that config or use another --workdir.")
+                        f"{path}: {name} holds rows of {shape} {dtype}, this run writes "
+                        f"{leaf.shape} {leaf.dtype}; it was written by another config: resume "
+                        "with that config or use another --workdir; nothing was changed.")
                 continue
             if exists and self._names[0] in self._file:
                 self._file.close()
@@ -145,8 +144,9 @@ class ArtifactFile:
                                                                               leaves)))
         return self._cache[1]
 
-    def read(self, key):
-        """What a hook reading this artifact gets for ``key`` (module docstring)."""
+    def read(self, seed: np.ndarray):
+        """What a hook reading this artifact gets, rows drawn from ``seed`` (module
+        docstring)."""
         a = self.artifact
         if a.batch == 0:
             return self.whole()
@@ -154,8 +154,6 @@ class ArtifactFile:
         span = max(a.length, 1)
         if rows < span:
             raise RuntimeError(f"{self.path} holds {rows} rows; a read needs {span}.")
-        seed = np.asarray(jax.random.key_data(key) if jnp.issubdtype(
-            getattr(key, "dtype", np.uint32), jax.dtypes.prng_key) else key).ravel()
         rng = np.random.default_rng([int(x) for x in seed])
         starts = np.sort(rng.integers(0, rows - span + 1, size=a.batch))
         leaves = []
@@ -172,66 +170,75 @@ class ArtifactFile:
     def source_digest(self) -> str | None:
         return self._file.attrs.get(DIGEST)
 
+    def set_source_digest(self, content: str) -> None:
+        self._file.attrs[DIGEST] = content
+
     def close(self) -> None:
         self._file.close()
 
 
 class Artifacts:
-    """The artifacts of a run: opened under ``<workdir>/artifacts``, imported where a source
-    is declared, and kept consistent with the checkpoints (``state_dict``/``restore``)."""
+    """The artifacts of a run, under ``<workdir>/artifacts``: ``start`` brings them to a fresh
+    run's state or a checkpoint's, ``state_dict`` records them in a checkpoint."""
 
-    def __init__(self, workdir: str, declared: Mapping[str, Artifact], resume: bool):
+    def __init__(self, workdir: str, declared: Mapping[str, Artifact]):
         self.directory = os.path.join(workdir, "artifacts")
+        self.declared = dict(declared)
         self.files: dict[str, ArtifactFile] = {}
-        if not declared:
-            return
-        os.makedirs(self.directory, exist_ok=True)
+        if declared:
+            os.makedirs(self.directory, exist_ok=True)
         for name, artifact in declared.items():
-            path = os.path.join(self.directory, f"{name}.h5")
-            fresh = not os.path.exists(path)
-            if fresh and resume is False:
-                pass
-            elif not fresh and not resume:
-                raise ConfigError(f"{path} exists from an earlier run; pass --config.resume=True "
-                                  "to continue it, or choose another --workdir.")
-            self.files[name] = ArtifactFile(path, artifact)
-            if artifact.source is not None:
-                self._import(name, artifact, fresh)
+            self.files[name] = ArtifactFile(os.path.join(self.directory, f"{name}.h5"),
+                                            artifact)
 
-    def _import(self, name: str, artifact: Artifact, fresh: bool) -> None:
-        file = self.files[name]
-        rows = artifact.source()
-        content = digest(rows)
-        if fresh or file.rows == 0:
-            file.append(rows)
-            file._file.attrs[DIGEST] = content
-            file.flush()
-        elif file.source_digest() != content:
-            raise ConfigError(
-                f"The data imported into {file.path} when this run started has changed at "
-                f"its source since (digest {file.source_digest()}, now {content}): resume "
-                "with the original data, or start a new run in another --workdir.")
+    def start(self, saved_rows: Mapping[str, int] | None) -> None:
+        """A fresh run (``saved_rows`` None): every file emptied (rows of a run that never
+        checkpointed), sources imported. A resume: every file back to the checkpoint's row
+        count (rows written after it are written again), sources checked for changes."""
+        for name, file in self.files.items():
+            file.truncate(0 if saved_rows is None else int(saved_rows.get(name, 0)))
+            source = self.declared[name].source
+            if source is None:
+                continue
+            rows = source()
+            content = digest(rows)
+            if saved_rows is None:
+                file.append(rows)
+                file.set_source_digest(content)
+            elif file.source_digest() != content:
+                raise ConfigError(
+                    f"The data imported into {file.path} when this run started has changed at "
+                    f"its source since (digest {file.source_digest()}, now {content}): resume "
+                    "with the original data, or start a new run in another --workdir; nothing "
+                    "was changed.")
+        self.flush()
 
     def __contains__(self, name: str) -> bool:
         return name in self.files
 
-    def read(self, name: str, key):
-        return self.files[name].read(key)
+    def read(self, name: str, hook_key):
+        """What a hook reading ``name`` gets, from the key of the call (``read_key``)."""
+        return self.files[name].read(read_key(hook_key, name))
 
     def append(self, name: str, rows) -> None:
         self.files[name].append(rows)
 
-    def state_dict(self) -> dict[str, int]:
-        """Row counts, for a checkpoint (the files are flushed first)."""
+    def flush(self) -> None:
         for file in self.files.values():
             file.flush()
-        return {name: file.rows for name, file in self.files.items()}
 
-    def restore(self, rows: Mapping[str, int]) -> None:
-        """Back to a checkpoint's row counts: what was written after it goes."""
-        for name, file in self.files.items():
-            file.truncate(int(rows.get(name, 0)))
+    def state_dict(self) -> dict[str, int]:
+        """Row counts, for a checkpoint (the files are flushed first)."""
+        self.flush()
+        return {name: file.rows for name, file in self.files.items()}
 
     def close(self) -> None:
         for file in self.files.values():
             file.close()
+
+
+def read_key(hook_key, name: str) -> np.ndarray:
+    """The seed a read draws its rows from: the hook call's key and the artifact's name, so
+    reads repeat exactly on resume and two artifacts never draw alike."""
+    name_code = int.from_bytes(hashlib.sha1(name.encode()).digest()[:4], "little")
+    return np.append(np.asarray(jax.device_get(hook_key), np.uint64).ravel(), name_code)

@@ -6,7 +6,7 @@ steps an env). Each checkpoint has two items: ``algo``, the algorithm's state py
 ``loop``, a small JSON document (the loop's RNG key and the scheduler: counters, per-phase
 progress, the position inside the current cycle).
 
-Rules (DESIGN.md, convention 10):
+Rules (docs/architecture.md, "Clocks, checkpoints and signals"):
 * the run directory must be writable, or the run stops with a one-line error;
 * a new run refuses a directory that already has checkpoints (pass ``resume=True`` or pick
   another ``--workdir``);
@@ -33,8 +33,11 @@ import orbax.checkpoint as ocp
 
 from jaxwm.config import ConfigError
 
-# Version of the checkpoint's layout ("algo" pytree + "loop" JSON), stored in "loop".
-LAYOUT_VERSION = 2
+# Version of the checkpoint's layout ("algo" pytree + "loop" JSON), stored in "loop". 3: the
+# acting layer (states hold acting.ActorState, replays are TransitionReplay/SequenceReplay).
+LAYOUT_VERSION = 3
+# The last commit that wrote each older layout, for the message that refuses it.
+WRITTEN_UNTIL = {2: "d78b67a"}
 
 # Settings that may change between a run and its resumption.
 RESUMABLE_KEYS = ("resume", "checkpoint", "eval", "log", "total_env_steps", "phases")
@@ -257,6 +260,8 @@ class Checkpointer:
                     f"checkpoint layout {LAYOUT_VERSION}); resume it with that version, or start "
                     "a new run in another --workdir; nothing was changed.")
             try:
+                layout = self._manager.restore(step, args=ocp.args.Composite(
+                    loop=ocp.args.JsonRestore()))["loop"].get("layout")
                 metadata = self._manager.item_metadata(step)["algo"]
                 if metadata is None:
                     raise _Damaged("its metadata (algo/_METADATA) is missing")
@@ -264,6 +269,8 @@ class Checkpointer:
             except Exception as e:  # noqa: BLE001 -- classified just below
                 unreadable.append((step, self._damage_or_raise(step, e)))
                 continue
+            if layout != LAYOUT_VERSION:
+                self._refuse_layout(step, layout)
             if saved != expected:
                 self._refuse_mismatch(step, saved, expected)
             try:
@@ -272,16 +279,21 @@ class Checkpointer:
             except Exception as e:  # noqa: BLE001
                 unreadable.append((step, self._damage_or_raise(step, e)))
                 continue
-            loop = restored["loop"]
-            if loop.get("layout") != LAYOUT_VERSION:
-                raise IncompatibleCheckpointError(
-                    f"Checkpoint {self.directory}/{step} has loop layout {loop.get('layout')}, this "
-                    f"jaxwm reads {LAYOUT_VERSION}; nothing was changed.")
-            return restored["algo"], loop, step, unreadable
+            return restored["algo"], restored["loop"], step, unreadable
         raise IncompatibleCheckpointError(
             f"No checkpoint in {self.directory} can be read: " + "; ".join(
                 f"{step}: {_first_line(e)}" for step, e in unreadable) +
             ". Nothing was changed; start a new run in another --workdir.")
+
+    def _refuse_layout(self, step: int, layout) -> None:
+        written_by = f"jaxwm up to commit {WRITTEN_UNTIL[layout]}" if layout in WRITTEN_UNTIL \
+            else "another jaxwm"
+        raise IncompatibleCheckpointError(
+            f"Checkpoint {self.directory}/{step} has layout {layout}, written by {written_by}; "
+            f"this jaxwm reads layout {LAYOUT_VERSION}. Continue that run with the jaxwm that "
+            "wrote it (git checkout "
+            f"{WRITTEN_UNTIL.get(layout, '<its commit>')}), or start a new run in another "
+            "--workdir; nothing was changed.")
 
     def _damage_or_raise(self, step: int, error: Exception) -> Exception:
         if not _is_damage(error):

@@ -11,7 +11,7 @@ evenly as possible, so the pool has at most ``num_episodes`` envs) and only its 
 would over-sample short episodes, and so bias the return toward whatever makes episodes end
 early (in CartPole, failing).
 
-With several seeds (``Algorithm.num_seeds``; the policy is then ``acting.grouped``) the pool
+With several seeds (``config.num_seeds``; the policy is then ``acting.grouped``) the pool
 holds each seed's envs in turn, every seed gets the same quotas, and the metrics are
 ``PerSeed``: each seed's mean.
 
@@ -37,7 +37,7 @@ import numpy as np
 
 from jaxwm import backend
 from jaxwm.config import ConfigError
-from jaxwm.envs import EpisodeStats, make_env
+from jaxwm.envs import EpisodeStats, acting, make_env
 from jaxwm.loop import seeds
 from jaxwm.loop.metrics import PerSeed, Video
 from jaxwm.scores import normalized_score
@@ -53,10 +53,11 @@ def episode_quotas(num_episodes: int, num_envs: int) -> np.ndarray:
 class Evaluator:
     """Evaluates ``policy`` with the parameters ``params_of(state)``."""
 
-    def __init__(self, config, policy, params_of=lambda state: state, num_seeds: int = 1,
-                 score_reference=None, env=None, seed_offset: int = 10_000):
+    def __init__(self, config, policy, params_of=lambda state: state, score_reference=None,
+                 env=None, seed_offset: int = 10_000):
+        num_seeds = config.num_seeds
         self.config = config.eval
-        self.policy = policy
+        self.policy = policy = acting.grouped(policy, num_seeds)
         self.params_of = params_of
         self.score_reference = score_reference
         self.act = backend.jit(lambda params, carry, obs, is_first, key, temperature:
@@ -84,7 +85,7 @@ class Evaluator:
 
     @classmethod
     def for_algorithm(cls, config, algorithm) -> Evaluator:
-        return cls(config, algorithm.policy, algorithm.policy_params, algorithm.num_seeds,
+        return cls(config, algorithm.policy, algorithm.policy_params,
                    algorithm.score_reference)
 
     def run(self, state, key) -> dict:

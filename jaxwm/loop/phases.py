@@ -153,7 +153,8 @@ def check_phases(phases: list[Phase], algorithm: Algorithm, can_evaluate: bool) 
             if name == EVALUATE:
                 continue
             for needed in hooks[name].reads:
-                if needed not in written and needed not in algorithm.data:
+                if needed not in written and needed not in algorithm.data and \
+                        needed not in algorithm.artifacts:
                     writers = [n for n, h in hooks.items() if needed in h.writes]
                     raise ConfigError(
                         f"{where}: hook {name!r} reads {needed!r}, which no earlier hook of the "

@@ -34,6 +34,14 @@ def run_seeds(config) -> list[int]:
     return [config.seed + k * config.env.num_envs for k in range(config.num_seeds)]
 
 
+def stack(per_seed: list):
+    """Per-seed trees (one per ``run_seeds``) as one tree with a seed axis; the tree itself
+    for one seed."""
+    if len(per_seed) == 1:
+        return per_seed[0]
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *per_seed)
+
+
 def split(key: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``jax.random.split(key)`` as two keys, per seed where ``key`` has a seed axis."""
     if key.ndim == 1:

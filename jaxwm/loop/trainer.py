@@ -42,7 +42,8 @@ from tqdm import tqdm
 
 from jaxwm import parallel
 from jaxwm.loop import seeds
-from jaxwm.loop.algorithm import EVALUATE, Algorithm
+from jaxwm.loop.algorithm import EVALUATE, Algorithm, Hook
+from jaxwm.loop.artifacts import Artifacts
 from jaxwm.loop.checkpoint import Checkpointer, IncompatibleCheckpointError, prepare_workdir
 from jaxwm.loop.metrics import (
     MEDIA,
@@ -133,6 +134,34 @@ class HookTimer:
         return metrics
 
 
+def hook_inputs(algorithm: Algorithm, hook: Hook, flow: dict, artifacts: Artifacts, key):
+    """What a hook reads: outputs of earlier hooks of the cycle (``flow``), read-only data, or
+    phase artifacts (read with the call's ``key``)."""
+    def one(name):
+        if name in flow:
+            return flow[name]
+        if name in algorithm.data:
+            return algorithm.data[name]
+        return artifacts.read(name, key)
+
+    return {name: one(name) for name in hook.reads}
+
+
+def route_outputs(algorithm: Algorithm, name: str, outputs: dict, flow: dict,
+                  artifacts: Artifacts) -> None:
+    """A hook's outputs: rows for phase artifacts are appended to their files, the rest is
+    passed on to later hooks of the cycle (``flow``)."""
+    hook = algorithm.hooks[name]
+    if set(outputs) != set(hook.writes):
+        raise RuntimeError(f"{algorithm.name} hook {name!r} returned outputs "
+                           f"{sorted(outputs)} but declares writes {list(hook.writes)}.")
+    for out, value in outputs.items():
+        if out in artifacts:
+            artifacts.append(out, value)
+        else:
+            flow[out] = value
+
+
 class Trainer:
     def __init__(self, config, algorithm: Algorithm, workdir: str, evaluator=None):
         self.config = config
@@ -157,6 +186,7 @@ class Trainer:
         prepare_workdir(workdir)
         self.checkpointer = Checkpointer(workdir, keep=config.checkpoint.keep)
         self.checkpointer.check_can_start(config, resume=config.resume)
+        self.artifacts = Artifacts(workdir, algorithm.artifacts)
 
     # ------------------------------------------------------------------ state
 
@@ -170,6 +200,7 @@ class Trainer:
         """The initial state and key, or the checkpoint's. Returns ``(state, key, resumed)``."""
         state, key = self._initial()
         if not (self.config.resume and self.checkpointer.latest_step() is not None):
+            self.artifacts.start(None)
             return state, key, False
         saved, loop, step, unreadable = self.checkpointer.restore(self.algorithm.persistent(state))
         if loop.get("processes", 1) != jax.process_count():
@@ -179,6 +210,7 @@ class Trainer:
                 "(python -m jaxwm.launch --num_processes=N), or start a new run in another "
                 "--workdir; nothing was changed.")
         self.scheduler.load_state_dict(loop["scheduler"])  # may refuse: nothing moved yet
+        self.artifacts.start(loop.get("artifacts", {}))
         note = self.checkpointer.set_aside(unreadable, step) if self.primary else None
         if note:
             self.say(note)
@@ -193,7 +225,7 @@ class Trainer:
         if self.checkpointer.latest_step() == sched.calls:
             return  # already saved at this step (periodic save coincided with the final one)
         loop = {"key": np.asarray(key).tolist(), "scheduler": sched.state_dict(),
-                "processes": jax.process_count()}
+                "processes": jax.process_count(), "artifacts": self.artifacts.state_dict()}
         self.checkpointer.save(sched.calls, self.algorithm.persistent(state), loop, force=force)
 
     # ------------------------------------------------------------------ run
@@ -270,7 +302,7 @@ class Trainer:
             timer.count(EVALUATE)
 
         def per_seed(metrics):  # with N seeds every scalar a hook returns is [N]
-            if algorithm.num_seeds == 1:
+            if self.config.num_seeds == 1:
                 return metrics
             return {k: v if isinstance(v, (*MEDIA, PerSeed)) else PerSeed(v)
                     for k, v in metrics.items()}
@@ -280,7 +312,7 @@ class Trainer:
                 evaluate(state, key)
                 return state
             hook = algorithm.hooks[name]
-            data = {r: flow[r] if r in flow else algorithm.data[r] for r in hook.reads}
+            data = hook_inputs(algorithm, hook, flow, self.artifacts, key)
             if timer.wants(name):
                 jax.block_until_ready((state, data))
                 start = time.perf_counter()
@@ -290,10 +322,7 @@ class Trainer:
             else:
                 state, outputs, metrics = hook.fn(state, data, key)
             timer.count(name)
-            if set(outputs) != set(hook.writes):
-                raise RuntimeError(f"{algorithm.name} hook {name!r} returned outputs "
-                                   f"{sorted(outputs)} but declares writes {list(hook.writes)}.")
-            flow.update(outputs)
+            route_outputs(algorithm, name, outputs, flow, self.artifacts)
             window.add(per_seed(metrics))
             return state
 
@@ -357,6 +386,7 @@ class Trainer:
             # Whatever stopped the run, finish writing the checkpoints already started.
             self.checkpointer.wait()
             self.checkpointer.close()
+            self.artifacts.close()
             bar.close()
             writer.close()
         if self.primary:

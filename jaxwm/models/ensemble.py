@@ -1,7 +1,7 @@
 """Probabilistic dynamics ensemble with elites (PETS / MBPO / MOPO), as pure functions.
 
 Chua et al. 2018 (PETS, sec. 4.1) and Janner et al. 2019 (MBPO, appendix C), with the details
-of MOPO (Yu et al. 2020) as OfflineRL-Kit implements them (REFERENCE.md, "Offline
+of MOPO (Yu et al. 2020) as OfflineRL-Kit implements them (``modules/dynamics_module.py``, "Offline
 model-based RL"):
 
 * each member is a 4x200 Swish MLP mapping scaled (s, a) to a diagonal Gaussian over

@@ -4,7 +4,7 @@ Dinh et al. 2017, "Density estimation using Real NVP": a stack of affine couplin
 ``y = x_m + (1 - m) * (x * exp(s(x_m)) + t(x_m))`` with binary masks ``m`` alternating between
 the even and the odd coordinates (sec. 3.3-3.4), so each layer is invertible with log-det
 ``sum((1 - m) * s)`` (eq. 6), and the density is the standard normal's at the output times
-the Jacobian (eq. 3). GORMPO's settings (REFERENCE.md): 6 couplings, separate scale and
+the Jacobian (eq. 3). GORMPO's settings (seed system 002): 6 couplings, separate scale and
 shift MLPs [256, 256] with ReLU, ``s = tanh(.)``; Adam 1e-3, batch 128, up to 60 epochs with
 patience 15, split 0.6 / 0.2 / 0.2; inputs standardised with the training split's mean/std.
 

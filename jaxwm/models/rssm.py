@@ -29,7 +29,7 @@ stride-2 encoder and 5-5-6-6 transposed-convolution decoder (64x64 only), not Dr
 "same"-padded ones, so that the encoder's convolutions are ``nets.conv.Conv2D``; the model
 state at a sequence's start is zeros (as the 2023 release), not one replayed from earlier.
 Neither convolution stack runs inside a scan: frames are encoded and decoded all at once, so
-XLA:CPU's slow convolution-in-loop path (DESIGN.md, convention 3) does not arise.
+XLA:CPU's slow convolution-in-loop path (docs/architecture.md, "CPU convolutions") does not arise.
 """
 
 from __future__ import annotations

@@ -5,10 +5,9 @@ Why: XLA:CPU runs a convolution fast (Eigen's spatial convolution) only in the c
 form: the weight gradient contracts over the batch with a stride-dilated kernel, and the input
 gradient convolves a stride-dilated output gradient (3/4 zeros for stride 2) with a transposed
 kernel. Under plain ``jit`` XLA's layout pass rewrites them into the canonical form, but inside
-a rolled ``lax.scan`` (a while loop) it does not, and they fall back to naive loops: on
-2 CPU cores a Nature-CNN gradient step at batch 256 took 5.0 s inside a rolled scan against
-0.134 s under plain jit. This is what makes CleanRL's scan PPO crawl on CPU (REFERENCE.md:
-~12 steps/s on Breakout).
+a rolled ``lax.scan`` (a while loop) it does not, and they fall back to naive loops, tens of
+times slower (``benchmarks/results/conv_grad_cpu.md``). This is what makes CleanRL's scan PPO
+crawl on CPU (``benchmarks/REFERENCES.md``).
 
 How: ``conv``'s forward pass is ``lax.conv_general_dilated``; its custom VJP computes both
 gradients as dense, stride-1, canonical convolutions, which hold in any loop form:
@@ -22,10 +21,10 @@ gradients as dense, stride-1, canonical convolutions, which hold in any loop for
 3. input gradient of a stride-1 convolution: the "full" convolution of ``dy`` with the flipped,
    transposed kernel, ``dx = conv(pad(dy, K-1), flip(W)[KH, KW, F, C])``.
 
-On 2 CPU cores this made that gradient step 0.103 s in a rolled scan, faster than XLA's own
-rewrite under plain jit (0.134 s; ``benchmarks/results/conv_grad_cpu.md``). The results are
-the same to float precision. ``jaxwm.backend.jit`` adds the other half of the CPU speed: it
-keeps XLA from handing convolutions to YNNPACK, 3-4x slower here.
+In a rolled scan this is faster than XLA's own rewrite under plain jit
+(``benchmarks/results/conv_grad_cpu.md``). The results are the same to float precision.
+``jaxwm.backend.jit`` adds the other half of the CPU speed: it keeps XLA from handing
+convolutions to YNNPACK, several times slower here.
 
 Parameters are named and laid out as ``flax.linen.Conv``'s (``kernel`` HWIO, ``bias``), so
 checkpoints move freely between backends and implementations.

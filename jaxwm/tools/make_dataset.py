@@ -3,7 +3,7 @@
     python -m jaxwm.tools.make_dataset --env=Hopper-v4 --level=medium --out=data/hopper-medium.hdf5
     python -m jaxwm.tools.make_dataset --env=Pendulum-v1 --level=medium-replay --out=data/p.hdf5
 
-Levels as D4RL defines them (Fu et al. 2020, sec. 5; REFERENCE.md):
+Levels as D4RL defines them (Fu et al. 2020, sec. 5):
 
 * ``random``: a uniformly random policy.
 * ``medium``: an early-stopped SAC policy, the first snapshot whose evaluation return reaches
@@ -247,7 +247,7 @@ def make(env_id: str, level: str, out: str, size: int = 1_000_000, train_steps: 
                 return sac.policy(sac.SACNets.create(box, config.sac.actor_hidden,
                                                      config.sac.critic_hidden))
 
-            return rollout(env_config, policy_for, state.learner.actor, size, num_envs,
+            return rollout(env_config, policy_for, state.learner, size, num_envs,
                            rollout_seed, desc)[0]
 
         if level == "medium-replay":

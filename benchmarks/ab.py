@@ -1,0 +1,142 @@
+"""A/B throughput of two jaxwm trees on this host, interleaved: is a change a regression?
+
+Each measurement runs in a fresh process of its own, with ``PYTHONPATH`` set to one tree (its
+``jaxwm`` package), the two trees alternating (A B, then B A, ...) so that drifts of a noisy
+host fall on both. Every measurement goes through the algorithms' hooks as training calls them,
+which both trees have:
+
+* ``ppo_cartpole`` / ``ppo_breakout``: PPO end to end (collect + update_agent), steps/s,
+  ``configs/ppo.py:cartpole`` and ``:atari`` (Breakout, 8 envs), timed as
+  ``common.ppo_end_to_end`` times a log window;
+* ``sac``: SAC's ``update_agent`` hook on ``configs/sac.py:pendulum`` sizes (256x256, batch
+  256) with 256 updates per call, after ``collect`` filled the replay; updates/s;
+* ``dreamer``: DreamerV3's ``update_model`` hook at size1m, batch 16 x 64 on vector CartPole,
+  as ``benchmarks/dreamer.py``; updates/s.
+
+    python benchmarks/ab.py --before ../jaxwm-before --after . --rounds 5   # ~40 min on 2 cores
+    python benchmarks/ab.py --quick      # smoke run: this tree against itself
+
+The medians of ``--rounds`` runs per tree and their ratio (after / before) go to
+``results/ab_<backend>.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MEASUREMENTS = ("ppo_cartpole", "ppo_breakout", "sac", "dreamer")
+
+
+def measure(name: str, root: str, window: float) -> float:
+    """Runs in the child process, whose ``jaxwm`` is ``root``'s."""
+    import jax
+    from common import block, ppo_end_to_end
+
+    import jaxwm.config
+
+    def load(spec, **overrides):
+        return jaxwm.config.load(os.path.join(root, spec), {"log.progress": False, **overrides})
+
+    if name.startswith("ppo"):
+        config = load("configs/ppo.py:cartpole" if name == "ppo_cartpole" else
+                      "configs/ppo.py:atari")
+        return ppo_end_to_end(config, window, repeats=3, max_iterations=10_000)["steps_per_s"]
+    if name == "sac":
+        from jaxwm.algos import sac as algo_module
+        config = load("configs/sac.py:pendulum", **{"sac.learning_starts": 1024,
+                                                     "sac.steps_per_collect": 256})
+        hook, counted = "update_agent", 256
+    else:
+        from jaxwm.algos import dreamer as algo_module
+        config = load("configs/dreamer.py:cartpole", **{
+            "dreamer.report_every": 0, "env.num_envs": 1, "dreamer.batch_size": 16,
+            "dreamer.batch_length": 64})
+        hook, counted = "update_model", 1
+    from jaxwm.runner import validate
+    validate(config)
+    algo = algo_module.build(config)
+    try:
+        key = jax.random.PRNGKey(0)
+        state = algo.init(key)
+        fill = 1024 if name == "sac" else 65
+        per_collect = algo.hooks["collect"].counts["env_steps"]
+        for i in range(-(-fill // per_collect) + 1):
+            state, _, _ = algo.hooks["collect"].fn(state, {}, jax.random.fold_in(key, i))
+        update = algo.hooks[hook].fn
+        for i in range(2):  # compile, then one warm call
+            state, _, metrics = update(state, {}, jax.random.fold_in(key, 1000 + i))
+            block((state, metrics))
+        calls, start = 0, time.perf_counter()
+        while time.perf_counter() - start < window:
+            state, _, metrics = update(state, {}, jax.random.fold_in(key, 2000 + calls))
+            calls += 1
+        block((state, metrics))
+        return counted * calls / (time.perf_counter() - start)
+    finally:
+        algo.close()
+
+
+def child(name: str, tree: str, window: float) -> float:
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+    out = subprocess.run([sys.executable, os.path.join(HERE, "ab.py"), "--measure", name,
+                          "--tree", os.path.abspath(tree), "--window", str(window)], env=env,
+                         capture_output=True, text=True, timeout=1800)
+    if out.returncode:
+        raise RuntimeError(f"{name} in {tree}:\n{out.stderr[-3000:]}")
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["value"])
+
+
+def main() -> None:
+    from common import hardware, median, parser, write_results
+
+    p = parser(__doc__, repeats=5)
+    p.add_argument("--before", help="the tree before the change (a git worktree)")
+    p.add_argument("--after", default=os.path.dirname(HERE))
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--window", type=float, default=20.0, help="seconds per timed window")
+    p.add_argument("--only", default=",".join(MEASUREMENTS))
+    p.add_argument("--measure", help=argparse_hidden())
+    p.add_argument("--tree", help=argparse_hidden())
+    args = p.parse_args()
+    if args.measure:  # the child
+        sys.path.insert(0, HERE)
+        print(json.dumps({"value": measure(args.measure, args.tree, args.window)}))
+        return
+    if args.quick:  # a smoke run: the tree against itself, one measurement
+        args.rounds, args.window, args.only = 1, 2.0, "ppo_cartpole"
+        args.before = args.before or args.after
+    if not args.before:
+        p.error("--before is required: the tree to compare with")
+    rows = []
+    for name in args.only.split(","):
+        runs = {"before": [], "after": []}
+        for r in range(args.rounds):
+            order = ("before", "after") if r % 2 == 0 else ("after", "before")
+            for which in order:
+                runs[which].append(child(name, getattr(args, which), args.window))
+                print(f"{name} round {r + 1} {which}: {runs[which][-1]:.4g}", flush=True)
+        before, after = median(runs["before"]), median(runs["after"])
+        rows.append({"measurement": name, "unit": "updates/s" if name in ("sac", "dreamer")
+                     else "env steps/s", "before": before, "after": after,
+                     "after_over_before": after / before, "runs_before": runs["before"],
+                     "runs_after": runs["after"]})
+    notes = [f"Medians of {args.rounds} runs per tree, each a fresh process, the trees "
+             f"alternating; windows of {args.window} s after compilation.",
+             f"before: {os.path.basename(os.path.abspath(args.before))}; after: this tree."]
+    write_results("ab", rows, hardware(), notes,
+                  columns=["measurement", "unit", "before", "after", "after_over_before"],
+                  quick=args.quick)
+
+
+def argparse_hidden():
+    import argparse
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    main()
