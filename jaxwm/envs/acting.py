@@ -33,11 +33,13 @@ dreamerv3's driver (one loop steps the envs with the agent's carry-passing polic
   envpool cannot save its C++ state, so it is never checkpointed: ``loop.algorithm``'s default
   ``persistent``/``on_restore`` drop every ``ActorState`` in a state and put fresh ones back
   (envs restart their episodes on resume).
-* **Actor** owns what is not a pure function: the env pool, its XLA handle (an opaque pointer
-  to C++ state, so kept out of the state pytree in this one host-side slot), the device the
-  pool's programs run on (a process's own first device: envpool's custom call runs on the
-  host, and a replicated program would step the envs once per device), and the jitted
-  collect, donating the ``ActorState``.
+* **Actor** owns what is not a pure function: the env pool (``make_pool(config)``), its XLA
+  handle (an opaque pointer to C++ state, so kept out of the state pytree in this one
+  host-side slot), the device the pool's programs run on (a process's own first device:
+  envpool's custom call runs on the host, and a replicated program would step the envs once
+  per device), and the jitted collect, donating the ``ActorState``, with the algorithm's
+  post-processing (``finish``) compiled in. ``collect_into`` feeds a replay the state holds,
+  after a warm-up of random actions (``replay_hook`` is that as a ``collect`` hook).
 
 Auto-reset (envpool's, ``envs.types``): the row after an episode's final observation is the
 first observation of the next episode (reward 0, flags False), and the action taken at the

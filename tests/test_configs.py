@@ -1,0 +1,35 @@
+"""Every variant of every config file loads and passes validation as shipped (no run is
+started): a config change that breaks a variant, or a validation change that refuses one,
+fails here rather than on a user's first command."""
+
+import glob
+import importlib.util
+import os
+
+import pytest
+
+import jaxwm.config
+from jaxwm import runner
+from jaxwm.config import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def variants():
+    for path in sorted(glob.glob(os.path.join(ROOT, "configs", "*.py"))):
+        spec = importlib.util.spec_from_file_location("config_module", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        for variant in module.VARIANTS:
+            yield f"configs/{os.path.basename(path)}:{variant}"
+
+
+@pytest.mark.parametrize("spec", list(variants()))
+def test_every_config_variant_validates(spec):
+    config = jaxwm.config.load(os.path.join(ROOT, spec))
+    try:
+        runner.validate(config)
+    except ConfigError as e:  # the one environment-dependent refusal: no OpenGL renderer
+        if "OpenGL" not in str(e) and "dm_control" not in str(e):
+            raise
+        pytest.skip(f"{spec}: {e}")
