@@ -12,8 +12,10 @@ which both trees have:
   256) with 256 updates per call, after ``collect`` filled the replay; updates/s;
 * ``dreamer``: DreamerV3's ``update_model`` hook at size1m, batch 16 x 64 on vector CartPole,
   as ``benchmarks/dreamer.py``; updates/s.
+* ``mopo_rollout``: MOPO's model rollout as the tree's own ``benchmarks/offline.py`` times it
+  (50k starts x horizon 5 on a HalfCheetah-sized 7 x 4x200 ensemble); transitions/s.
 
-    python benchmarks/ab.py --before ../jaxwm-before --after . --rounds 5   # ~40 min on 2 cores
+    python benchmarks/ab.py --before ../jaxwm-before --after . --rounds 5   # ~50 min on 2 cores
     python benchmarks/ab.py --quick      # smoke run: this tree against itself
 
 The medians of ``--rounds`` runs per tree and their ratio (after / before) go to
@@ -29,7 +31,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MEASUREMENTS = ("ppo_cartpole", "ppo_breakout", "sac", "dreamer")
+MEASUREMENTS = ("ppo_cartpole", "ppo_breakout", "sac", "dreamer", "mopo_rollout")
+UNITS = {"sac": "updates/s", "dreamer": "updates/s", "mopo_rollout": "transitions/s"}
 
 
 def measure(name: str, root: str, window: float) -> float:
@@ -42,6 +45,10 @@ def measure(name: str, root: str, window: float) -> float:
     def load(spec, **overrides):
         return jaxwm.config.load(os.path.join(root, spec), {"log.progress": False, **overrides})
 
+    if name == "mopo_rollout":  # the tree's own row (its rollout code, its offline.py)
+        sys.path.insert(0, os.path.join(root, "benchmarks"))
+        from offline import rollout_row
+        return rollout_row(50_000, 5, 200, repeats=5)["transitions_per_s"]
     if name.startswith("ppo"):
         config = load("configs/ppo.py:cartpole" if name == "ppo_cartpole" else
                       "configs/ppo.py:atari")
@@ -121,8 +128,8 @@ def main() -> None:
                 runs[which].append(child(name, getattr(args, which), args.window))
                 print(f"{name} round {r + 1} {which}: {runs[which][-1]:.4g}", flush=True)
         before, after = median(runs["before"]), median(runs["after"])
-        rows.append({"measurement": name, "unit": "updates/s" if name in ("sac", "dreamer")
-                     else "env steps/s", "before": before, "after": after,
+        rows.append({"measurement": name, "unit": UNITS.get(name, "env steps/s"),
+                     "before": before, "after": after,
                      "after_over_before": after / before, "runs_before": runs["before"],
                      "runs_after": runs["after"]})
     notes = [f"Medians of {args.rounds} runs per tree, each a fresh process, the trees "

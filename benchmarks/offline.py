@@ -12,9 +12,10 @@ device-resident replay of 1M transitions, K updates per jitted scan.
 * Ensemble: ``jaxwm.models.ensemble.train_epoch`` (7 members, 4x200 Swish, batch 256, a
   bootstrap per member, held-out MSE and snapshots) on 100k transitions (OfflineRL-Kit's
   reference size) and on 1M (a D4RL dataset; full runs only).
-* Rollouts: MOPO's ``imagine`` step: 50k dataset starts x horizon 5, the SAC actor's
-  sampled action, all 7 members' Gaussians (the penalty needs every member's std), a random
-  elite's sample, the termination rule and the uncertainty penalty; transitions/s.
+* Rollouts: MOPO's ``imagine`` step (``mopo.branch_rollout``, the acting layer's scan with
+  the ensemble as the env): 50k dataset starts x horizon 5, the SAC actor's sampled action,
+  all 7 members' Gaussians (the penalty needs every member's std), a random elite's sample,
+  the termination rule and the uncertainty penalty; transitions/s.
 * RealNVP: GORMPO's density (6 couplings, [256, 256] scale and shift nets) log-prob of
   (s, a) rows, rows/s at 50k rows (one rollout step's batch).
 
@@ -31,6 +32,7 @@ from common import hardware, parser, timed, write_results
 
 from jaxwm import backend
 from jaxwm.agents import sac
+from jaxwm.algos import mopo
 from jaxwm.data.replay import TransitionReplay
 from jaxwm.models import ensemble, realnvp, termination
 from jaxwm.models.dynamics import Normalizer
@@ -78,32 +80,26 @@ def ensemble_row(n: int, hidden: int, repeats: int) -> dict:
 
 
 def rollout_row(starts: int, horizon: int, hidden: int, repeats: int) -> dict:
-    """MOPO's rollout as ``jaxwm.algos.mopo`` compiles it, on a HalfCheetah-sized model."""
+    """MOPO's rollout (``mopo.branch_rollout``, as its ``imagine`` hook calls it) on a
+    HalfCheetah-sized model."""
     spec = ensemble.EnsembleSpec(OBS_DIM, ACTION_DIM, hidden=(hidden,) * 4)
     data = synthetic(max(starts, 10_000))
     model = ensemble.init(spec, jax.random.PRNGKey(0),
                           Normalizer.fit(ensemble.inputs(data["obs"], data["action"])))
     box = sac.ActionBox(-np.ones(ACTION_DIM, np.float32), np.ones(ACTION_DIM, np.float32))
     nets = sac.SACNets.create(box)
-    actor = sac.init_learner(nets, sac.SACHyper(), jax.random.PRNGKey(1), OBS_DIM).actor
     done_fn = termination.termination_fn("HalfCheetah-v4")
+
+    policy = sac.policy(nets)
+    learner = sac.init_learner(nets, sac.SACHyper(), jax.random.PRNGKey(1), OBS_DIM)
+    penalty = lambda std, obs, action, next_obs: jnp.max(jnp.linalg.norm(std, axis=-1), 0)  # noqa: E731
 
     @backend.jit
     def rollout(key):
-        k_start, k_steps = jax.random.split(key)
+        k_start, k_rollout = jax.random.split(key)
         obs = data["obs"][jax.random.randint(k_start, (starts,), 0, data["obs"].shape[0])]
-
-        def step(carry, k):
-            obs, alive = carry
-            k_act, k_model = jax.random.split(k)
-            action, _ = nets.act(actor, obs, k_act)
-            next_obs, reward, std = ensemble.sample_step(spec, model, obs, action, k_model)
-            penalty = jnp.max(jnp.linalg.norm(std, axis=-1), 0)
-            done = done_fn(obs, action, next_obs)
-            return (next_obs, alive & ~done), (reward - penalty, alive)
-
-        return jax.lax.scan(step, (obs, jnp.ones(starts, bool)),
-                            jax.random.split(k_steps, horizon))[1]
+        return mopo.branch_rollout(spec, model, policy, learner, obs, k_rollout, horizon,
+                                   penalty, done_fn, 1.0)
 
     keys = iter(range(10_000))
     timing = timed(lambda: rollout(jax.random.PRNGKey(next(keys))), repeats)

@@ -72,8 +72,11 @@ def main(argv=None) -> int:
     ret = summary.get("eval/episodic_return")
     done = ", ".join(f"{n:,} {unit.replace('_', ' ')}" for unit, n in summary["counters"].items()
                      if unit != "iterations")
+    per_seed = [summary[f"eval/episodic_return/seed_{k}"] for k in range(config.num_seeds)
+                if f"eval/episodic_return/seed_{k}" in summary]
     print(f"Finished {done} in {workdir}"
           + (f"; final eval return {ret:.1f}" if ret is not None else "")
+          + (f" (seeds: {', '.join(f'{r:.1f}' for r in per_seed)})" if len(per_seed) > 1 else "")
           + (" (interrupted; resume with --config.resume=True)" if summary["interrupted"] else ""))
     return 0
 

@@ -43,6 +43,56 @@ def mopo_config(path, tmp_path, **overrides):
                               **SMALL, **overrides})
 
 
+def test_branch_rollout_stops_rows_at_termination_and_penalises_rewards():
+    """MOPO's rollouts through the acting layer: a row's transitions are valid up to and
+    including the one the termination rule ends, never after; each valid transition's
+    ``next_obs`` is the next one's ``obs``; rewards are raw - coef * u; the metrics are means
+    over valid transitions."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxwm.agents import sac
+    from jaxwm.models import ensemble
+    from jaxwm.models.dynamics import Normalizer
+
+    n, horizon, coef = 64, 6, 0.5
+    spec = ensemble.EnsembleSpec(3, 1, hidden=(16, 16), num_members=3, num_elites=2,
+                                 weight_decay=(0.0, 0.0, 0.0))
+    model = ensemble.init(spec, jax.random.key(0), Normalizer.identity(4))
+    box = sac.ActionBox(-np.ones(1, np.float32), np.ones(1, np.float32))
+    nets = sac.SACNets.create(box, (16,), (16,))
+    learner = sac.init_learner(nets, sac.SACHyper(), jax.random.key(1), 3)
+    obs = jax.random.normal(jax.random.key(2), (n, 3))
+    ends = lambda o, a, nxt: nxt[:, 0] > 0.5  # noqa: E731  (about a third of rows a step)
+    penalty = lambda std, o, a, nxt: jnp.abs(o[:, 1])  # noqa: E731
+
+    batch, valid, metrics = jax.jit(lambda key: mopo.branch_rollout(
+        spec, model, sac.policy(nets), learner, obs, key, horizon, penalty, ends, coef))(
+        jax.random.key(3))
+    per_row = lambda x: np.asarray(x).reshape((horizon, n) + np.shape(x)[1:])  # noqa: E731
+    valid, obs_t, next_obs = per_row(valid), per_row(batch["obs"]), per_row(batch["next_obs"])
+    terminated = per_row(batch["terminated"])
+    np.testing.assert_array_equal(obs_t[0], np.asarray(obs))
+    assert valid[0].all()
+    alive = np.ones(n, bool)
+    for t in range(horizon):
+        np.testing.assert_array_equal(valid[t], alive)
+        np.testing.assert_array_equal(terminated[t][alive],
+                                      np.asarray(ends(None, None, next_obs[t]))[alive])
+        alive = alive & ~terminated[t]
+        if t + 1 < horizon:
+            np.testing.assert_array_equal(obs_t[t + 1][valid[t + 1]], next_obs[t][valid[t + 1]])
+    assert 0 < valid.sum() < valid.size  # some rows ended, some ran the whole horizon
+    u = np.abs(obs_t[..., 1])
+    raw = per_row(batch["reward"]) + coef * u
+    np.testing.assert_allclose(metrics["rollout/penalty"], u[valid].mean(), rtol=1e-5)
+    np.testing.assert_allclose(metrics["rollout/raw_reward"], raw[valid].mean(), rtol=1e-4,
+                               atol=1e-5)
+    np.testing.assert_allclose(metrics["rollout/penalised_reward"],
+                               per_row(batch["reward"])[valid].mean(), rtol=1e-5)
+    np.testing.assert_allclose(metrics["rollout/length"], valid.sum() / n)
+
+
 def test_mopo_runs_every_phase_and_reports_normalised_scores(pendulum_random, tmp_path):
     summary = train.run(mopo_config(pendulum_random, tmp_path), str(tmp_path / "run"))
     assert summary["model_epochs"] == 3 and summary["agent_updates"] == 100

@@ -8,12 +8,13 @@ RealNVP density penalty. Hooks:
   dataset's training split; the ``model`` phase ends early through the loop
   (``until=model_converged``) once no member has improved its held-out MSE for
   ``mopo.model_patience`` epochs.
-* ``imagine``: one batch of model rollouts (``mopo.rollout_batch`` starts drawn from the
-  dataset, ``mopo.horizon`` steps, the current actor's sampled actions, a uniformly chosen
-  elite per row and sampled predictions), stopping each row where the env's termination rule
-  (``jaxwm.models.termination``) says the episode ended. Rewards are penalised:
-  ``r - lambda * u`` with ``u`` MOPO's ``max over members of ||sigma||`` (eq. 7 with the
-  "max aleatoric" estimator) or, for GORMPO, the density penalty of
+* ``imagine``: one batch of model rollouts (``branch_rollout``: the acting layer's one scan,
+  SAC's policy acting in the ensemble as an env, ``ensemble_env``; ``mopo.rollout_batch``
+  starts drawn from the dataset, ``mopo.horizon`` steps, the current actor's sampled
+  actions, a uniformly chosen elite per row and sampled predictions), stopping each row where
+  the env's termination rule (``jaxwm.models.termination``) says the episode ended. Rewards
+  are penalised: ``r - lambda * u`` with ``u`` MOPO's ``max over members of ||sigma||``
+  (eq. 7 with the "max aleatoric" estimator) or, for GORMPO, the density penalty of
   ``penalty`` shape on the RealNVP log-probability. The transitions go to a model buffer that
   keeps the last ``mopo.retain_epochs`` rollout batches.
 * ``update_agent``: ``mopo.updates_per_epoch`` SAC updates in one scan
@@ -45,6 +46,7 @@ import hashlib
 import json
 import os
 import warnings
+from collections.abc import Callable
 from functools import partial
 
 import jax
@@ -60,7 +62,8 @@ from jaxwm.algos import continuous_control
 from jaxwm.config import ConfigError, require
 from jaxwm.data.datasets import Dataset, DatasetError, load_dataset
 from jaxwm.data.replay import TransitionReplay
-from jaxwm.envs import make_env
+from jaxwm.envs import acting, make_env
+from jaxwm.envs.types import StepResult
 from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import Algorithm, Hook, learner_update
 from jaxwm.loop.artifacts import Artifact
@@ -198,6 +201,62 @@ def model_split(config, num: int, seed: int) -> dict[str, np.ndarray]:
             "holdout": holdout_index.astype(np.int32)}
 
 
+def ensemble_env(model_spec: ensemble.EnsembleSpec, model, penalty: Callable,
+                 terminated_fn: Callable, coef: float) -> acting.EnvStep:
+    """The dynamics ensemble as an env (``acting.sync``), the acting layer's learned-model
+    case. Its state is ``(obs, alive, key, totals)``; each step samples a random elite's
+    prediction (``ensemble.sample_step``) and returns the reward penalised by ``coef * u``,
+    ``u = penalty(std, obs, action, next_obs)``, the raw reward as ``raw_reward``.
+
+    A row that the termination rule ends stays ended (``terminated`` on every later row): MOPO
+    stops a rollout there rather than starting another, so each of its later steps is a reset
+    transition that ``acting.transitions`` marks invalid. ``totals`` sums the raw reward and
+    ``u`` over the rows still alive, for the metrics."""
+
+    def step(env_state, action):
+        obs, alive, key, totals = env_state
+        key, k_model = jax.random.split(key)
+        next_obs, reward, std = ensemble.sample_step(model_spec, model, obs, action, k_model)
+        u = penalty(std, obs, action, next_obs)
+        ended = alive & terminated_fn(obs, action, next_obs)
+        live = lambda x: jnp.sum(jnp.where(alive, x, 0.0))  # noqa: E731
+        totals = totals + jnp.stack([live(reward), live(u)])
+        rows = StepResult(obs=next_obs, reward=reward - coef * u, terminated=~alive | ended,
+                          truncated=jnp.zeros_like(alive), episode_over=ended,
+                          raw_reward=reward)
+        return (next_obs, alive & ~ended, key, totals), rows
+
+    return acting.sync(step)
+
+
+def branch_rollout(model_spec: ensemble.EnsembleSpec, model, policy: acting.Policy, params,
+                   obs: jax.Array, key: jax.Array, horizon: int, penalty: Callable,
+                   terminated_fn: Callable, coef: float):
+    """MOPO's model rollouts (Yu et al. 2020, algorithm 2, lines 5-9): ``horizon`` steps of
+    ``policy`` (with ``params``) in ``ensemble_env`` from the start states ``obs`` ``[N, d]``,
+    one ``acting.rollout``. Returns ``(transitions, valid, metrics)``: the transitions
+    ``[horizon * N]`` (time-major, rewards penalised), ``valid`` False from a row's
+    termination on, and the means over valid transitions of the raw reward, ``u`` and the
+    penalised reward, with the mean rollout length."""
+    n = obs.shape[0]
+    k_model, k_act = jax.random.split(key)
+    zeros, alive = jnp.zeros(n, jnp.float32), jnp.ones(n, bool)
+    first = StepResult(obs=obs, reward=zeros, terminated=~alive, truncated=~alive,
+                       episode_over=~alive, raw_reward=zeros)
+    start = acting.ActorState.start(first, policy.init_carry(params, n), n)
+    env_state = (obs, alive, k_model, jnp.zeros(2, jnp.float32))
+    env = ensemble_env(model_spec, model, penalty, terminated_fn, coef)
+    final, (_, _, _, totals), steps, _ = acting.rollout(policy, env, params, start, env_state,
+                                                          k_act, horizon)
+    batch, valid = acting.transitions(steps, final)
+    count = jnp.maximum(jnp.sum(valid), 1)
+    metrics = {"rollout/raw_reward": totals[0] / count, "rollout/penalty": totals[1] / count,
+               "rollout/penalised_reward": jnp.sum(jnp.where(valid, batch["reward"], 0.0))
+               / count,
+               "rollout/length": jnp.sum(valid).astype(jnp.float32) / n}
+    return batch, valid, metrics
+
+
 def build(config) -> Algorithm:
     m, s = config.mopo, config.sac
     dataset = load_for(config)
@@ -216,6 +275,7 @@ def build(config) -> Algorithm:
     terminated_fn = termination.termination_fn(config.env.id)
     model_spec = ensemble_spec(config, obs_dim, action_dim)
     nets = sac.SACNets.create(box, s.actor_hidden, s.critic_hidden)
+    policy = sac.policy(nets)
     hyper = sac.SACHyper.from_config(s)
     shape, coef = penalty_shape(config), float(config.penalty_coef)
     over_seeds = partial(seeds.vmap, num_seeds=config.num_seeds)
@@ -279,33 +339,15 @@ def build(config) -> Algorithm:
         return state.replace(model=model), metrics
 
     def rollout(state: MOPOState, dataset_arrays, density, key):
-        k_start, k_steps = jax.random.split(key)
+        k_start, k_rollout = jax.random.split(key)
         starts = jax.random.randint(k_start, (m.rollout_batch,), 0,
                                     dataset_arrays["obs"].shape[0])
-        obs = constrain(dataset_arrays["obs"][starts])
-
-        def step(carry, k):
-            obs, alive = carry
-            k_act, k_model = jax.random.split(k)
-            action, _ = nets.act(state.learner.actor, obs, k_act)
-            next_obs, reward, std = ensemble.sample_step(model_spec, state.model, obs, action,
-                                                         k_model)
-            u = reward_penalty(std, obs, action, next_obs, density)
-            done = terminated_fn(obs, action, next_obs)
-            out = {"obs": obs, "action": action, "reward": reward - coef * u,
-                   "next_obs": next_obs, "terminated": done}
-            return (next_obs, alive & ~done), (out, alive, reward, u)
-
-        _, (batch, valid, raw_reward, u) = jax.lax.scan(
-            step, (obs, jnp.ones(m.rollout_batch, bool)), jax.random.split(k_steps, m.horizon))
-        flat = jax.tree.map(lambda v: v.reshape((-1,) + v.shape[2:]), batch)
-        buffer = state.buffer.add(flat, valid.reshape(-1))
-        weight = valid / jnp.maximum(jnp.sum(valid), 1)
-        metrics = {"rollout/raw_reward": jnp.sum(weight * raw_reward),
-                   "rollout/penalty": jnp.sum(weight * u),
-                   "rollout/penalised_reward": jnp.sum(weight * batch["reward"]),
-                   "rollout/length": jnp.mean(jnp.sum(valid, 0).astype(jnp.float32)),
-                   "rollout/buffer_size": buffer.size.astype(jnp.float32)}
+        batch, valid, metrics = branch_rollout(
+            model_spec, state.model, policy, state.learner,
+            constrain(dataset_arrays["obs"][starts]), k_rollout, m.horizon,
+            lambda *rows: reward_penalty(*rows, density), terminated_fn, coef)
+        buffer = state.buffer.add(batch, valid)
+        metrics["rollout/buffer_size"] = buffer.size.astype(jnp.float32)
         return state.replace(buffer=buffer), metrics
 
     real_batch = int(round(s.batch_size * m.real_ratio))
@@ -351,6 +393,6 @@ def build(config) -> Algorithm:
         artifacts=artifacts,
         predicates={"model_converged": lambda state: jnp.all(
             state.model.patience.exhausted(m.model_patience))},
-        policy=sac.policy(nets),
+        policy=policy,
         score_reference=dataset.reference_returns,
     )

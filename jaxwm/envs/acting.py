@@ -18,10 +18,10 @@ dreamerv3's driver (one loop steps the envs with the agent's carry-passing polic
 * **Env.** ``EnvStep`` is how the scan talks to an environment: ``recv`` hands it the rows
   to act on next, ``send`` their actions. ``sync(step)`` wraps any ``step(env_state, action)
   -> (env_state, StepResult)``: envpool's XLA step (``envpool``), a host env's io_callback step
-  (Crafter, dm_control pixels: the same interface), or a learned model (SimPLe's simulator, a
-  World Models dream: a pure function of its own state). ``envpool(env)`` of an
-  asynchronous pool is envpool's recv/send instead, where each step's rows are the
-  ``batch_size`` envs that finished first, with their ids.
+  (Crafter, dm_control pixels: the same interface), or a learned model (MOPO's dynamics
+  ensemble, SimPLe's simulator, a World Models dream: a pure function of its own state).
+  ``envpool(env)`` of an asynchronous pool is envpool's recv/send instead, where each step's
+  rows are the ``batch_size`` envs that finished first, with their ids.
 * **The scan.** ``rollout`` is the one ``lax.scan`` over env steps in the library: recv ->
   bookkeeping -> act -> send, ``num_steps`` times. It returns the final ``ActorState`` and a
   ``Steps`` record per step, time-major ``[T, B]``: the rows acted on (observation and what
@@ -185,7 +185,7 @@ class EnvStep:
     ``spec``: the env's ``EnvSpec`` (``num_envs`` at least), where an ``Actor`` steps it.
     """
 
-    start: Callable[[], tuple[Any, StepResult | None]]
+    start: Callable[[], tuple[Any, StepResult | None]] | None
     recv: Callable[[Any, StepResult | None], tuple[Any, jax.Array | None, StepResult]]
     send: Callable[[Any, jax.Array | None, jax.Array], tuple[Any, StepResult | None]]
     is_async: bool = False
@@ -193,9 +193,11 @@ class EnvStep:
 
 
 def sync(step: Callable[[Any, jax.Array], tuple[Any, StepResult]],
-         start: Callable[[], tuple[Any, StepResult]], spec=None) -> EnvStep:
+         start: Callable[[], tuple[Any, StepResult]] | None = None, spec=None) -> EnvStep:
     """Every env steps at once: ``step(env_state, action) -> (env_state, StepResult)``, the
-    result received by the next ``recv``. ``start() -> (env_state, first StepResult)``."""
+    result received by the next ``recv``. ``start() -> (env_state, first StepResult)``, where
+    an ``Actor`` starts it; ``None`` for an env a program starts itself (a learned model
+    rolled out from start states inside a jitted update, as MOPO's ``branch_rollout``)."""
     return EnvStep(start=start, recv=lambda env_state, pending: (env_state, None, pending),
                    send=lambda env_state, ids, action: step(env_state, action), spec=spec)
 
@@ -272,7 +274,8 @@ def _put(tree, ids, rows):
 def step_keys(key: jax.Array, num_steps: int) -> jax.Array:
     """``num_steps`` keys, one per step: ``split(key, num_steps)``, per group where ``key``
     has a group axis (``[T, groups, 2]``), as each group's own run would split it."""
-    if key.ndim == 1:
+    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)  # jax.random.key's
+    if key.ndim == (0 if typed else 1):
         return jax.random.split(key, num_steps)
     return jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, num_steps))(key), 0, 1)
 
