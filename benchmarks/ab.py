@@ -15,8 +15,15 @@ which both trees have:
 * ``mopo_rollout``: MOPO's model rollout as the tree's own ``benchmarks/offline.py`` times it
   (50k starts x horizon 5 on a HalfCheetah-sized 7 x 4x200 ensemble); transitions/s.
 
-    python benchmarks/ab.py --before ../jaxwm-before --after . --rounds 5   # ~50 min on 2 cores
-    python benchmarks/ab.py --quick      # smoke run: this tree against itself
+Checkpoints (not in the default list; ``--only=save_ppo,restore_ppo,save_dreamer,
+restore_dreamer --name ab_checkpoints``): seconds per save (five saves of the algorithm's
+``persistent`` state through the tree's ``loop.checkpoint.Checkpointer``, finished and, where
+the tree writes them, their manifests written) and per restore of the newest (verified where
+the tree verifies), for ``configs/ppo.py:cartpole`` and ``configs/dreamer.py:debug``; the median
+of 6 repeats after one untimed.
+
+    python benchmarks/ab.py --before ../jaxwm-before --after . --rounds 5   # ~45 min on 2 cores
+    python benchmarks/ab.py --quick      # smoke run: this tree against itself (~20 s)
 
 The medians of ``--rounds`` runs per tree and their ratio (after / before) go to
 ``results/ab_<backend>.{json,md}``.
@@ -32,7 +39,52 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MEASUREMENTS = ("ppo_cartpole", "ppo_breakout", "sac", "dreamer", "mopo_rollout")
-UNITS = {"sac": "updates/s", "dreamer": "updates/s", "mopo_rollout": "transitions/s"}
+CHECKPOINTS = ("save_ppo", "restore_ppo", "save_dreamer", "restore_dreamer")
+UNITS = {"sac": "updates/s", "dreamer": "updates/s", "mopo_rollout": "transitions/s",
+         **{name: "s per save" if name.startswith("save") else "s per restore"
+            for name in CHECKPOINTS}}
+
+
+def checkpoint_seconds(name: str, load) -> float:
+    """Seconds per save or per restore (module docstring), through the tree's Checkpointer."""
+    import importlib
+    import shutil
+    import tempfile
+
+    import jax
+
+    from jaxwm.loop.checkpoint import Checkpointer
+    from jaxwm.runner import validate
+
+    algo_name = name.split("_")[1]
+    config = load({"ppo": "configs/ppo.py:cartpole", "dreamer": "configs/dreamer.py:debug"}[
+        algo_name])
+    validate(config)
+    algo = importlib.import_module(f"jaxwm.algos.{algo_name}").build(config)
+    try:
+        state = jax.block_until_ready(algo.persistent(algo.init(jax.random.PRNGKey(0))))
+        loop = {"key": [0, 1], "scheduler": {}, "processes": 1, "artifacts": {}}
+        seconds = []
+        for _ in range(7):
+            workdir = tempfile.mkdtemp()
+            checkpointer = Checkpointer(workdir, keep=3)
+            start = time.perf_counter()
+            for step in range(1, 6):
+                checkpointer.save(step, state, loop)
+            checkpointer.wait()
+            saved = (time.perf_counter() - start) / 5
+            checkpointer.close()
+            checkpointer = Checkpointer(workdir, keep=3)
+            start = time.perf_counter()
+            jax.block_until_ready(checkpointer.restore(state)[0])
+            restored = time.perf_counter() - start
+            checkpointer.close()
+            shutil.rmtree(workdir)
+            seconds.append(saved if name.startswith("save") else restored)
+        seconds = sorted(seconds[1:])
+        return (seconds[2] + seconds[3]) / 2
+    finally:
+        algo.close()
 
 
 def measure(name: str, root: str, window: float) -> float:
@@ -45,6 +97,8 @@ def measure(name: str, root: str, window: float) -> float:
     def load(spec, **overrides):
         return jaxwm.config.load(os.path.join(root, spec), {"log.progress": False, **overrides})
 
+    if name in CHECKPOINTS:
+        return checkpoint_seconds(name, load)
     if name == "mopo_rollout":  # the tree's own row (its rollout code, its offline.py)
         sys.path.insert(0, os.path.join(root, "benchmarks"))
         from offline import rollout_row
@@ -106,7 +160,9 @@ def main() -> None:
     p.add_argument("--after", default=os.path.dirname(HERE))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--window", type=float, default=20.0, help="seconds per timed window")
-    p.add_argument("--only", default=",".join(MEASUREMENTS))
+    p.add_argument("--only", default=",".join(MEASUREMENTS),
+                   help=f"comma-separated, of {', '.join(MEASUREMENTS + CHECKPOINTS)}")
+    p.add_argument("--name", default="ab", help="results/<name>_<backend>.{json,md}")
     p.add_argument("--measure", help=argparse_hidden())
     p.add_argument("--tree", help=argparse_hidden())
     args = p.parse_args()
@@ -135,7 +191,7 @@ def main() -> None:
     notes = [f"Medians of {args.rounds} runs per tree, each a fresh process, the trees "
              f"alternating; windows of {args.window} s after compilation.",
              f"before: {os.path.basename(os.path.abspath(args.before))}; after: this tree."]
-    write_results("ab", rows, hardware(), notes,
+    write_results(args.name, rows, hardware(), notes,
                   columns=["measurement", "unit", "before", "after", "after_over_before"],
                   quick=args.quick)
 

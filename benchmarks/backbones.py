@@ -119,16 +119,20 @@ def env_spec(config):
 
 def policy_latency(algo, state, calls: int) -> dict:
     """One jitted policy step over the training batch, timed per call after a warm-up."""
-    n = state.actor.obs.shape[0]
-    act = algo.policy.act
-    carry = algo.policy.init_carry(state, n)
-    obs, first = state.actor.obs, jnp.zeros(n, bool)
+    from jaxwm import backend
+
+    obs = state.actor.pending.obs  # the synchronous pool's rows waiting to be acted on
+    n = obs.shape[0]
+    params = algo.policy_params(state)
+    act = backend.jit(algo.policy.act)
+    carry = algo.policy.init_carry(params, n)
+    first = jnp.zeros(n, bool)
     key, temperature = jax.random.PRNGKey(0), jnp.float32(1.0)
-    block(act(state, carry, obs, first, key, temperature))
+    block(act(params, carry, obs, first, key, temperature))
     samples = []
     for _ in range(calls):
         start = time.perf_counter()
-        carry, action = block(act(state, carry, obs, first, key, temperature))
+        carry, _, _ = block(act(params, carry, obs, first, key, temperature))
         samples.append((time.perf_counter() - start) * 1e3)
     return {"latency_ms": median(samples), "latency_p95_ms": float(np.percentile(samples, 95)),
             "latency_batch": n}

@@ -36,7 +36,8 @@ def parser(doc: str, repeats: int) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc.strip().splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help="seconds-long smoke run (tiny sizes, one repeat; results suffixed _quick)")
+                   help="smoke run, not a measurement: tiny sizes, one repeat, results suffixed "
+                        "_quick (15 s to 1 min on 2 CPU cores; backbones.py ~3 min)")
     p.add_argument("--repeats", type=int, default=repeats,
                    help=f"timed repeats; the median is reported (default {repeats})")
     return p

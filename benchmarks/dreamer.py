@@ -15,7 +15,7 @@ size1m, batch 16 x 64: ~0.06-0.14 updates/s; the PyTorch port at a comparable si
 
     python benchmarks/dreamer.py                 # ~5 min on 2 CPU cores
     python benchmarks/dreamer.py --sizes 1m,12m  # on a GPU
-    python benchmarks/dreamer.py --quick         # smoke run: debug sizes
+    python benchmarks/dreamer.py --quick         # smoke run: debug sizes (~35 s)
 """
 
 from __future__ import annotations

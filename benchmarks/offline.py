@@ -20,7 +20,7 @@ device-resident replay of 1M transitions, K updates per jitted scan.
   (s, a) rows, rows/s at 50k rows (one rollout step's batch).
 
     python benchmarks/offline.py            # ~10 min on 2 CPU cores
-    python benchmarks/offline.py --quick    # smoke run: batch 32, small networks
+    python benchmarks/offline.py --quick    # smoke run: batch 32, small networks (~20 s)
 """
 
 from __future__ import annotations
@@ -153,7 +153,8 @@ def sac_row(batch: int, hidden: int, num_updates: int, capacity: int, repeats: i
         "reward": rng.normal(size=capacity), "terminated": rng.random(capacity) < 0.001}
     buffer = TransitionReplay(
         data={k: jnp.asarray(v, jnp.float32 if v.dtype != bool else bool) for k, v in data.items()},
-        insert=jnp.zeros((), jnp.int32), size=jnp.asarray(capacity, jnp.int32), capacity=capacity)
+        insert=jnp.zeros((), jnp.int32), size=jnp.asarray(capacity, jnp.int32),
+        added=jnp.asarray(capacity, jnp.int32), capacity=capacity)
     update = backend.jit(sac.make_update(nets, hyper, lambda b, k: b.sample(k, batch),
                                          num_updates), donate_argnums=0)
     state = {"learner": sac.init_learner(nets, hyper, jax.random.PRNGKey(0), OBS_DIM), "i": 0}

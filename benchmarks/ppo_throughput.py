@@ -22,7 +22,7 @@ On the current backend, at the same number of envs (``--envs``, default 8):
 
     python benchmarks/ppo_throughput.py               # full (~5-10 min on 2 CPU cores)
     python benchmarks/ppo_throughput.py --skip-scan   # without the rolled-scan Breakout row
-    python benchmarks/ppo_throughput.py --quick       # smoke run (~1-2 min; not a measurement)
+    python benchmarks/ppo_throughput.py --quick       # smoke run (~1 min; not a measurement)
     python benchmarks/ppo_throughput.py --only-scale  # just the rows of 6 and 7
 """
 

@@ -18,8 +18,8 @@ so vmapping seeds can gain at most 1 / 0.75 = 1.33x; the goal is >= 90% of the m
 4 seeds, i.e. >= 0.90 / 0.75 = 1.2x one seed's seed-updates/s. On a GPU, where one seed
 leaves the device mostly idle, the goal is >= 3x at 4 seeds.
 
-    python benchmarks/seeds.py            # ~10 min on 2 CPU cores
-    python benchmarks/seeds.py --quick    # smoke run
+    python benchmarks/seeds.py            # ~7 min on 2 CPU cores
+    python benchmarks/seeds.py --quick    # smoke run (~40 s)
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from ml_collections import config_flags
 from jaxwm import parallel
 from jaxwm.config import ConfigError
 from jaxwm.envs import UnknownEnvError
-from jaxwm.loop.checkpoint import IncompatibleCheckpointError
+from jaxwm.loop.checkpoint import IncompatibleCheckpointError, WriteError
 
 # The flag-free entry points, re-exported: code that trains in-process (tests, benchmarks,
 # make_dataset) imports jaxwm.runner, never this module, whose flags exist once per process.
@@ -64,7 +64,8 @@ def main(argv=None) -> int:
     workdir = _WORKDIR.value or default_workdir(config)
     try:
         summary = run(config, workdir)
-    except (ConfigError, UnknownEnvError, IncompatibleCheckpointError, FloatingPointError) as e:
+    except (ConfigError, UnknownEnvError, IncompatibleCheckpointError, WriteError,
+            FloatingPointError) as e:
         print(f"jaxwm.train: {e}", file=sys.stderr)
         return 1
     if not parallel.is_primary():

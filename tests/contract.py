@@ -21,6 +21,7 @@ algorithm is checked by registering it:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import signal
@@ -160,6 +161,18 @@ def interrupting(algorithm, at_call: int):
 
 def persistent(algorithm, state):
     return jax.device_get(algorithm.persistent(state))
+
+
+def persistent_of(trainer: Trainer):
+    """What a finished trainer's checkpoint would hold."""
+    return persistent(trainer.algorithm, trainer.state)
+
+
+def module_of_config(config):
+    """The module (``CAPABILITIES``, ``validate``, ``build``) of ``config.algo``."""
+    from jaxwm.algos import REGISTRY
+
+    return importlib.import_module(REGISTRY[config.algo].module)
 
 
 def assert_trees_equal(a, b, what: str, rtol: float = 0.0, atol: float = 0.0) -> None:

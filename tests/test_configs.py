@@ -33,3 +33,14 @@ def test_every_config_variant_validates(spec):
         if "OpenGL" not in str(e) and "dm_control" not in str(e):
             raise
         pytest.skip(f"{spec}: {e}")
+
+
+def test_every_setting_that_may_change_on_resume_exists_in_a_config():
+    """``checkpoint.RESUMABLE_SETTINGS`` names keys; a renamed key would silently make a
+    resume that changes it a refusal again (and the NaN stop's advice wrong)."""
+    from jaxwm.loop.checkpoint import RESUMABLE_SETTINGS, config_to_json_dict, flatten
+
+    keys = set()
+    for spec in variants():
+        keys |= set(flatten(config_to_json_dict(jaxwm.config.load(os.path.join(ROOT, spec)))))
+    assert set(RESUMABLE_SETTINGS) <= keys, set(RESUMABLE_SETTINGS) - keys

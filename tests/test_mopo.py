@@ -128,6 +128,12 @@ def test_gormpo_fits_its_density_once_and_reuses_it(pendulum_random, tmp_path, s
     assert "loaded from" in capsys.readouterr().out
     assert os.listdir(tmp_path / "density") == cached
     assert set(algo.data) == {"model_split", "density"} and set(algo.artifacts) == {"dataset"}
+    algo.close()
+    with open(tmp_path / "density" / cached[0], "r+b") as f:  # a cache cut short
+        f.truncate(10)
+    mopo.build(config).close()  # rebuilt, with a notice, the damaged file kept aside
+    assert "cannot be read" in capsys.readouterr().out
+    assert sorted(os.listdir(tmp_path / "density")) == [cached[0], cached[0] + ".unreadable"]
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -135,6 +141,7 @@ def test_gormpo_fits_its_density_once_and_reuses_it(pendulum_random, tmp_path, s
      r"Unknown penalty 'square' for gormpo; valid: \['linear', 'inverse', 'tanh', 'softplus'\]"),
     ({"penalty": "tanh"}, "set --config.algo=gormpo"),
     ({"mopo.num_elites": 9}, "num_elites"),
+    ({"sac.batch_size": 0}, "sac.batch_size"),
     ({"env.id": "Hopper-v4"}, "the dataset was made for another env"),
     ({"dataset": "/nonexistent/hopper.hdf5", "dataset_make.level": ""},
      "/nonexistent/hopper.hdf5.*make_dataset --env=Pendulum-v1"),

@@ -136,8 +136,9 @@ def make_optimizer(cfg, anneal_updates: int,
     its Mamba block."""
     if cfg.anneal_lr:
         lr = optax.linear_schedule(cfg.learning_rate, 0.0, anneal_updates)
-    else:
-        lr = cfg.learning_rate
+    else:  # a schedule, not a number: inject_hyperparams would store a number in the state,
+        # and a resume that lowers the rate (checkpoint.RESUMABLE_SETTINGS) would not apply it
+        lr = optax.constant_schedule(cfg.learning_rate)
     adam = optax.inject_hyperparams(_clipped_adam, static_args="max_grad_norm")(
         learning_rate=lr, max_grad_norm=cfg.max_grad_norm)
     if backbone_scale == 1.0:

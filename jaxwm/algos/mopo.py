@@ -155,12 +155,19 @@ def fit_density(config, x: np.ndarray) -> tuple[realnvp.DensitySpec, dict, Norma
                          f"realnvp-{digest.hexdigest()[:16]}.msgpack")
     if os.path.exists(cache):
         template = realnvp.init_density(spec, jax.random.key(0), Normalizer.identity(spec.dim))
-        with open(cache, "rb") as f:
-            saved = serialization.from_bytes(
-                {"params": template.params, "scaler": template.scaler, "tau": template.tau},
-                f.read())
-        tqdm.write(f"GORMPO density model loaded from {cache}.")
-        return spec, saved["params"], saved["scaler"], float(saved["tau"])
+        try:
+            with open(cache, "rb") as f:
+                saved = serialization.from_bytes(
+                    {"params": template.params, "scaler": template.scaler, "tau": template.tau},
+                    f.read())
+        except Exception as e:  # noqa: BLE001 -- any unreadable cache is rebuilt, not fatal
+            aside = f"{cache}.unreadable"
+            os.replace(cache, aside)
+            tqdm.write(f"GORMPO density cache {cache} cannot be read ({type(e).__name__}: "
+                       f"{str(e)[:120]}); moved to {aside} and training the density again.")
+        else:
+            tqdm.write(f"GORMPO density model loaded from {cache}.")
+            return spec, saved["params"], saved["scaler"], float(saved["tau"])
 
     rng = np.random.default_rng(seed)
     train, val, _ = realnvp.split_indices(len(x), rng)

@@ -1,4 +1,5 @@
-"""Checkpoints with orbax's CheckpointManager, and the guards that keep them safe.
+"""Checkpoints with orbax's CheckpointManager, verified by a manifest, and the guards that keep
+them safe.
 
 A run directory holds ``config.json`` (the resolved config) and ``checkpoints/<step>/``,
 where ``step`` counts hook calls (a counter that always increases, whether or not a phase
@@ -6,25 +7,37 @@ steps an env). Each checkpoint has two items: ``algo``, the algorithm's state py
 ``loop``, a small JSON document (the loop's RNG key and the scheduler: counters, per-phase
 progress, the position inside the current cycle).
 
+Verification: once orbax has finalised a checkpoint this run wrote, ``<step>/jaxwm_manifest.json``
+records the size and CRC-32 of every file in it (orbax keeps no checksum of the data itself:
+its zarr3 codecs checksum only the shard index, and a file truncated by 3 kB restored without
+complaint). A resume checks the manifest before restoring; a checkpoint without one (written
+by an older jaxwm, or killed between orbax's finalisation and the manifest) is tried as it is.
+
 Rules (docs/architecture.md, "Clocks, checkpoints and signals"):
 * the run directory must be writable, or the run stops with a one-line error;
-* a new run refuses a directory that already has checkpoints (pass ``resume=True`` or pick
-  another ``--workdir``);
+* a new run refuses a directory that already has checkpoints or logs (pass ``resume=True`` or
+  pick another ``--workdir``), and ``resume=True`` refuses a directory without a checkpoint;
 * a resumed run first compares its config with the saved one and refuses changes to
-  anything but the settings listed in ``RESUMABLE_KEYS``;
+  anything but the settings listed in ``RESUMABLE_KEYS`` and ``RESUMABLE_SETTINGS``; the
+  changes it accepts are appended to ``config_history.jsonl``;
 * a checkpoint whose tree does not match the freshly built state raises
   ``IncompatibleCheckpointError`` before anything is written;
-* a checkpoint that cannot be read (a truncated or corrupted file) is moved, not deleted, to
+* a checkpoint that fails its manifest, or (without one) cannot be restored, and a numbered
+  directory that is not a checkpoint at all, is moved, not deleted, to
   ``unreadable_checkpoints/<step>/`` and the run resumes from the newest readable one, saying
-  which and why; if none can be read, nothing is touched.
+  which and why; if none can be read, nothing is touched and the refusal says so. A
+  checkpoint whose files match its manifest but that still cannot be restored, or files that
+  cannot be opened (permissions), stop the resume with nothing moved: that is not damage.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import tempfile
+import zlib
 
 import jax
 import ml_collections
@@ -39,20 +52,49 @@ LAYOUT_VERSION = 3
 # The last commit that wrote each older layout, for the message that refuses it.
 WRITTEN_UNTIL = {2: "d78b67a"}
 
-# Settings that may change between a run and its resumption.
+# Settings that may change between a run and its resumption: whole groups ...
 RESUMABLE_KEYS = ("resume", "checkpoint", "eval", "log", "total_env_steps", "phases")
+# ... and single settings, the ones a NaN stop advises changing: learning rates and clip norms.
+# Each is a constant of the jitted update (or a schedule evaluated from the optimiser's step
+# count), never a value stored in the state, so the resumed run uses the new value.
+RESUMABLE_SETTINGS = ("ppo.learning_rate", "ppo.max_grad_norm", "sac.actor_lr", "sac.critic_lr",
+                      "sac.alpha_lr", "dreamer.learning_rate", "dreamer.agc",
+                      "mbrs.learning_rate", "mopo.model_lr")
+# The learning rates among them, named by the NaN stop's advice.
+LEARNING_RATES = tuple(k for k in RESUMABLE_SETTINGS if k.endswith(("lr", "learning_rate")))
+
+MANIFEST = "jaxwm_manifest.json"
+# Written by orbax in every step directory it finalises; a numbered directory with neither this
+# nor a manifest is not a checkpoint.
+ORBAX_METADATA = "_CHECKPOINT_METADATA"
 
 
 class IncompatibleCheckpointError(RuntimeError):
     pass
 
 
-def _flatten(d, prefix=""):
+class WriteError(RuntimeError):
+    """The run could not write a checkpoint or a log (a full disk, say); the checkpoints
+    already finished are kept."""
+
+
+# What a full disk, a quota, a file-size limit or a read-only mount make a write raise.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
+def write_failed(what: str, error: Exception) -> WriteError:
+    return WriteError(
+        f"Writing {what} failed ({_first_line(error)}); the checkpoints finished before it "
+        "were kept. Free some space (or fix the directory) and run again with "
+        "--config.resume=True.")
+
+
+def flatten(d, prefix=""):
     out = {}
     for key, value in d.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
-            out.update(_flatten(value, name + "."))
+            out.update(flatten(value, name + "."))
         else:
             out[name] = value
     return out
@@ -77,21 +119,26 @@ def linked_keys(config) -> dict[str, list[str]]:
             for keys in groups.values() if len(keys) > 1 for key in keys}
 
 
+def resumable(key: str) -> bool:
+    return key.split(".")[0] in RESUMABLE_KEYS or key in RESUMABLE_SETTINGS
+
+
 def config_differences(saved: dict, current: dict,
                        linked: dict[str, list[str]] | None = None) -> list[str]:
     """``"key: saved a, now b"`` for every setting that differs. A key the run's saved config
     lacks is no difference when it holds ``base_config()``'s default (the library added it
     after the run started, and the default keeps the old behaviour, e.g. ``env.batch_size``),
     or when it is another name (``linked``, from ``linked_keys``) of a setting the saved config
-    holds with the same value (e.g. ``model_size``, added as a name of ``dreamer.model_size``)."""
+    holds with the same value (e.g. ``model_size``, added as a name of ``dreamer.model_size``).
+    Settings that may change on resume (``resumable``) are left out."""
     from jaxwm.config import base_config
 
-    saved_flat, current_flat = _flatten(saved), _flatten(current)
-    added_later = _flatten(config_to_json_dict(base_config()))
+    saved_flat, current_flat = flatten(saved), flatten(current)
+    added_later = flatten(config_to_json_dict(base_config()))
     linked = linked or {}
     diffs = []
     for key in sorted(set(saved_flat) | set(current_flat)):
-        if key.split(".")[0] in RESUMABLE_KEYS:
+        if resumable(key):
             continue
         if key not in saved_flat and key in added_later and \
                 json.dumps(current_flat[key]) == json.dumps(added_later[key]):
@@ -151,27 +198,79 @@ class _Damaged(Exception):
     pass
 
 
-# How tensorstore and the JSON reader word a damaged file (truncated, corrupted or missing).
-# Any other failure (a transient I/O error, say) stops the resume rather than roll back.
-_DAMAGE_MARKERS = ("DATA_LOSS", "OUT_OF_RANGE", "NOT_FOUND", "INVALID_ARGUMENT")
+def _digest(path: str) -> list[int]:
+    """``[size, CRC-32]`` of a file (zlib's CRC: made to catch accidental damage, and fast)."""
+    size, crc = 0, 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            size, crc = size + len(chunk), zlib.crc32(chunk, crc)
+    return [size, crc]
 
 
-def _is_damage(error: Exception) -> bool:
-    return isinstance(error, (_Damaged, json.JSONDecodeError, FileNotFoundError)) or \
-        any(marker in str(error) for marker in _DAMAGE_MARKERS)
+def _files(step_dir: str) -> list[str]:
+    found = []
+    for root, _, names in os.walk(step_dir):
+        found += [os.path.relpath(os.path.join(root, name), step_dir) for name in names]
+    return sorted(f for f in found if f != MANIFEST)
+
+
+def write_manifest(step_dir: str) -> None:
+    """Records every file of a finalised checkpoint (atomically: a crash leaves none)."""
+    manifest = {"files": {f: _digest(os.path.join(step_dir, f)) for f in _files(step_dir)}}
+    temporary = os.path.join(step_dir, MANIFEST + ".tmp")
+    with open(temporary, "w") as f:
+        json.dump(manifest, f)
+    os.replace(temporary, os.path.join(step_dir, MANIFEST))
+
+
+def verify(step_dir: str, contents: bool = True) -> bool:
+    """True if the checkpoint matches its manifest, False if it has none; raises ``_Damaged``
+    saying what differs. ``contents=False`` compares sizes only (no reading). Files added
+    beside the recorded ones are ignored (orbax reads only its own); files that cannot be
+    opened raise ``PermissionError``, which is not damage."""
+    path = os.path.join(step_dir, MANIFEST)
+    if not os.path.exists(path):
+        if not os.path.exists(os.path.join(step_dir, ORBAX_METADATA)):
+            raise _Damaged("not a checkpoint: it has neither a manifest nor orbax's metadata")
+        return False
+    try:
+        with open(path) as f:
+            recorded = json.load(f)["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise _Damaged(f"its manifest cannot be read ({_first_line(e)})") from None
+    for name, (size, crc) in recorded.items():
+        full = os.path.join(step_dir, name)
+        if not os.path.exists(full):
+            raise _Damaged(f"{name} is missing")
+        if not os.access(full, os.R_OK):
+            raise PermissionError(f"{full} cannot be opened (permission denied)")
+        got_size, got_crc = _digest(full) if contents else (os.path.getsize(full), crc)
+        if got_size != size:
+            raise _Damaged(f"{name} has {got_size} bytes instead of {size}")
+        if got_crc != crc:
+            raise _Damaged(f"{name}: its contents changed (CRC-32 differs)")
+    return True
 
 
 def _first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]}"
 
 
+def saved_steps(workdir: str) -> list[int]:
+    """The steps of the checkpoints in a run directory (orbax's listing; none if it has none)."""
+    return sorted(ocp.path.step.checkpoint_steps(os.path.join(workdir, "checkpoints")))
+
+
 class Checkpointer:
-    def __init__(self, workdir: str, keep: int):
+    def __init__(self, workdir: str, keep: int, primary: bool = True):
         self.workdir = workdir
         self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
         self.quarantine = os.path.abspath(os.path.join(workdir, "unreadable_checkpoints"))
         self.config_path = os.path.join(workdir, "config.json")
+        self.history_path = os.path.join(workdir, "config_history.jsonl")
         self._keep = keep
+        self._primary = primary  # several processes: the first writes the manifests
+        self._unsealed = []  # steps this run saved that have no manifest yet
         self._manager = self._open()
 
     def _open(self) -> ocp.CheckpointManager:
@@ -182,34 +281,63 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
-    def check_can_start(self, config, resume: bool) -> None:
-        """Raises before anything is written if this run would clobber or misuse a run dir."""
-        has_checkpoint = self.latest_step() is not None
-        if has_checkpoint and not resume:
+    def check_can_start(self, config, resume: bool) -> dict[str, tuple]:
+        """Raises before anything is written if this run would clobber or misuse a run dir.
+        Returns the settings a resume changes (``{key: (saved, now)}``), which are allowed."""
+        latest = self.latest_step()
+        if latest is not None and not resume:
             raise IncompatibleCheckpointError(
-                f"{self.directory} already holds checkpoints (latest step {self.latest_step()}). "
+                f"{self.directory} already holds checkpoints (latest step {latest}). "
                 "Pass --config.resume=True to continue that run, or choose another --workdir; "
                 "nothing was changed.")
-        if has_checkpoint and os.path.exists(self.config_path):
-            try:
-                with open(self.config_path) as f:
-                    saved = json.load(f)
-            except (OSError, ValueError) as e:
-                raise IncompatibleCheckpointError(
-                    f"Cannot read {self.config_path} ({_first_line(e)}), so this config cannot be "
-                    "compared with the run's; remove the file to resume without the comparison, "
-                    "or start a new run in another --workdir; nothing was changed.") from None
-            diffs = config_differences(saved, config_to_json_dict(config), linked_keys(config))
-            if diffs:
-                raise IncompatibleCheckpointError(
-                    "Cannot resume: the config differs from the one this run was started with "
-                    f"({self.config_path}):\n  " + "\n  ".join(diffs) +
-                    "\nRestore those values (--config.<key>=<saved value>; this also pins a "
-                    "value that follows total_env_steps by default), or start a new run in "
-                    "another --workdir; nothing was changed.")
+        logs = [name for name in ("metrics.jsonl", "eval.csv")
+                if os.path.exists(os.path.join(self.workdir, name))]
+        if latest is None and resume:
+            raise IncompatibleCheckpointError(
+                f"--config.resume=True, but {self.directory} holds no checkpoint"
+                + (f" ({', '.join(logs)} of a run that saved none is there)" if logs else "")
+                + ". To start a new run, leave out --config.resume"
+                + (" and choose another --workdir" if logs else "") + "; nothing was changed.")
+        if latest is None and logs:
+            raise IncompatibleCheckpointError(
+                f"{self.workdir} holds {', '.join(logs)} of an earlier run but no checkpoint, so "
+                "a new run there would mix its rows with that run's. Choose another --workdir "
+                "(or remove those files); nothing was changed.")
+        if latest is None or not os.path.exists(self.config_path):
+            return {}
+        try:
+            with open(self.config_path) as f:
+                saved = json.load(f)
+        except (OSError, ValueError) as e:
+            raise IncompatibleCheckpointError(
+                f"Cannot read {self.config_path} ({_first_line(e)}), so this config cannot be "
+                "compared with the run's; remove the file to resume without the comparison, "
+                "or start a new run in another --workdir; nothing was changed.") from None
+        current = config_to_json_dict(config)
+        diffs = config_differences(saved, current, linked_keys(config))
+        if diffs:
+            raise IncompatibleCheckpointError(
+                "Cannot resume: the config differs from the one this run was started with "
+                f"({self.config_path}):\n  " + "\n  ".join(diffs) +
+                "\nRestore those values (--config.<key>=<saved value>; this also pins a "
+                "value that follows total_env_steps by default), or start a new run in "
+                "another --workdir; nothing was changed. Settings that may change on resume: "
+                f"{', '.join(RESUMABLE_KEYS + RESUMABLE_SETTINGS)}.")
+        saved_flat, current_flat = flatten(saved), flatten(current)
+        return {key: (saved_flat.get(key), current_flat.get(key))
+                for key in sorted(set(saved_flat) | set(current_flat))
+                if resumable(key) and key != "resume"
+                and json.dumps(saved_flat.get(key), default=str)
+                != json.dumps(current_flat.get(key), default=str)}
 
-    def write_config(self, config) -> None:
-        """Writes ``config.json`` atomically (a crash mid-write leaves the old one)."""
+    def write_config(self, config, changed: dict | None = None, at: dict | None = None) -> None:
+        """Writes ``config.json`` atomically (a crash mid-write leaves the old one), and
+        appends the settings a resume changed to ``config_history.jsonl``."""
+        if changed:
+            with open(self.history_path, "a") as f:
+                f.write(json.dumps({"resumed_at": at or {}, "changed": {
+                    key: {"saved": old, "now": new} for key, (old, new) in changed.items()}},
+                    default=str) + "\n")
         temporary = self.config_path + ".tmp"
         with open(temporary, "w") as f:
             f.write(config.to_json_best_effort(indent=2))
@@ -217,10 +345,34 @@ class Checkpointer:
 
     def save(self, step: int, state, loop: dict, force: bool = False) -> None:
         """Saves asynchronously; the device arrays are copied before this returns, so the
-        caller may donate ``state`` to its next jitted call right away."""
+        caller may donate ``state`` to its next jitted call right away. The previous save is
+        finished (orbax would wait for it here anyway) and its manifest written first."""
+        self._seal()
         loop = {"layout": LAYOUT_VERSION, **loop}
         args = ocp.args.Composite(algo=ocp.args.StandardSave(state), loop=ocp.args.JsonSave(loop))
-        self._manager.save(step, args=args, force=force)
+        try:
+            saving = self._manager.save(step, args=args, force=force)
+        except Exception as e:  # noqa: BLE001 -- reported with what is left
+            self._failed([step], e)
+        if saving:
+            self._unsealed.append(step)
+
+    def _failed(self, steps: list[int], error: Exception):
+        raise write_failed(f"checkpoint {', '.join(map(str, steps))} in {self.directory}",
+                           error) from error
+
+    def _seal(self) -> None:
+        """Waits for the saves in flight, then writes the manifests of those now finalised
+        (a step orbax's rotation already removed needs none)."""
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001
+            self._failed(self._unsealed, e)
+        for step in self._unsealed:
+            step_dir = os.path.join(self.directory, str(step))
+            if self._primary and os.path.isdir(step_dir):
+                write_manifest(step_dir)
+        self._unsealed = []
 
     def all_steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
@@ -242,23 +394,34 @@ class Checkpointer:
     def restore(self, template, step: int | None = None) -> tuple[object, dict, int, list]:
         """Restores the newest readable checkpoint (or the one at ``step``) into the structure
         (and shardings) of ``template``: ``(state, loop, step, unreadable)``, where
-        ``unreadable`` lists the newer checkpoints found damaged as ``(step, error)``. Nothing
-        is moved here: the caller calls ``set_aside(unreadable)`` once it has accepted the
-        restored state."""
+        ``unreadable`` lists as ``(step, error)`` the newer checkpoints found damaged and the
+        numbered directories that are not checkpoints. Nothing is moved here: the caller calls
+        ``set_aside(unreadable)`` once it has accepted the restored state."""
         try:
             expected = _shapes(template)
         except (TypeError, ValueError) as e:
             raise IncompatibleCheckpointError(f"The state holds a leaf a checkpoint cannot compare "
                                               f"({_first_line(e)}).") from None
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+        steps = sorted(self._manager.all_steps(), reverse=True)
+        # Numbered directories that are not checkpoints at all (no manifest, no orbax
+        # metadata): set aside, never left for orbax's rotation to delete.
         unreadable = []
-        candidates = sorted(self._manager.all_steps(), reverse=True) if step is None else [step]
+        for candidate in steps:
+            try:
+                self._check_files(candidate, contents=False)
+            except _Damaged as e:
+                unreadable.append((candidate, e))
+        junk = {s for s, _ in unreadable}
+        candidates = [s for s in steps if s not in junk] if step is None else [step]
         for step in candidates:
+            try:
+                verified = self._check_files(step, contents=True)
+            except _Damaged as e:
+                unreadable.append((step, e))
+                continue
             if not os.path.isdir(os.path.join(self.directory, str(step), "algo")):
-                raise IncompatibleCheckpointError(
-                    f"Checkpoint {self.directory}/{step} was written by an older jaxwm (before "
-                    f"checkpoint layout {LAYOUT_VERSION}); resume it with that version, or start "
-                    "a new run in another --workdir; nothing was changed.")
+                self._refuse_layout(step, 1)  # one unnamed pytree, before "algo" and "loop"
             try:
                 layout = self._manager.restore(step, args=ocp.args.Composite(
                     loop=ocp.args.JsonRestore()))["loop"].get("layout")
@@ -266,8 +429,8 @@ class Checkpointer:
                 if metadata is None:
                     raise _Damaged("its metadata (algo/_METADATA) is missing")
                 saved = _shapes(metadata)
-            except Exception as e:  # noqa: BLE001 -- classified just below
-                unreadable.append((step, self._damage_or_raise(step, e)))
+            except Exception as e:  # noqa: BLE001 -- damage unless the files were verified
+                unreadable.append((step, self._damage_or_raise(step, e, verified)))
                 continue
             if layout != LAYOUT_VERSION:
                 self._refuse_layout(step, layout)
@@ -277,15 +440,30 @@ class Checkpointer:
                 restored = self._manager.restore(step, args=ocp.args.Composite(
                     algo=ocp.args.StandardRestore(abstract), loop=ocp.args.JsonRestore()))
             except Exception as e:  # noqa: BLE001
-                unreadable.append((step, self._damage_or_raise(step, e)))
+                unreadable.append((step, self._damage_or_raise(step, e, verified)))
                 continue
             return restored["algo"], restored["loop"], step, unreadable
         raise IncompatibleCheckpointError(
             f"No checkpoint in {self.directory} can be read: " + "; ".join(
                 f"{step}: {_first_line(e)}" for step, e in unreadable) +
-            ". Nothing was changed; start a new run in another --workdir.")
+            ". Nothing was moved or changed; start a new run in another --workdir.")
+
+    def _check_files(self, step: int, contents: bool) -> bool:
+        """``verify``, with permission problems as a refusal that moves nothing."""
+        step_dir = os.path.join(self.directory, str(step))
+        try:
+            return verify(step_dir, contents)
+        except PermissionError as e:
+            raise IncompatibleCheckpointError(
+                f"Checkpoint {step_dir} cannot be read ({_first_line(e)}); fix the permissions "
+                "and resume again; nothing was moved or changed.") from None
 
     def _refuse_layout(self, step: int, layout) -> None:
+        if layout == 1:
+            raise IncompatibleCheckpointError(
+                f"Checkpoint {self.directory}/{step} was written by an older jaxwm (before "
+                f"checkpoint layout {LAYOUT_VERSION}); resume it with that version, or start "
+                "a new run in another --workdir; nothing was changed.")
         written_by = f"jaxwm up to commit {WRITTEN_UNTIL[layout]}" if layout in WRITTEN_UNTIL \
             else "another jaxwm"
         raise IncompatibleCheckpointError(
@@ -295,12 +473,19 @@ class Checkpointer:
             f"{WRITTEN_UNTIL.get(layout, '<its commit>')}), or start a new run in another "
             "--workdir; nothing was changed.")
 
-    def _damage_or_raise(self, step: int, error: Exception) -> Exception:
-        if not _is_damage(error):
+    def _damage_or_raise(self, step: int, error: Exception, verified: bool) -> Exception:
+        """An unverified checkpoint that cannot be restored is damaged; one whose files match
+        its manifest is not (moving it aside would lose a good checkpoint), so that stops."""
+        if isinstance(error, PermissionError):
             raise IncompatibleCheckpointError(
-                f"Could not read checkpoint {self.directory}/{step} ({_first_line(error)}). It "
-                "does not look damaged, so nothing was moved or changed; retry the resume.") \
-                from error
+                f"Checkpoint {self.directory}/{step} cannot be read ({_first_line(error)}); fix "
+                "the permissions and resume again; nothing was moved or changed.") from None
+        if verified:
+            raise IncompatibleCheckpointError(
+                f"Checkpoint {self.directory}/{step} matches its manifest but could not be "
+                f"restored ({_first_line(error)}); this is not damage to its files (check the "
+                "installed orbax and jax versions against the ones that wrote it); nothing was "
+                "moved or changed.") from error
         return error
 
     def _refuse_mismatch(self, step: int, saved: dict, expected: dict) -> None:
@@ -320,15 +505,19 @@ class Checkpointer:
         self._manager.close()
         os.makedirs(self.quarantine, exist_ok=True)
         for step, _ in unreadable:
-            shutil.move(os.path.join(self.directory, str(step)),
-                        os.path.join(self.quarantine, str(step)))
+            target = os.path.join(self.quarantine, str(step))
+            suffix = 1
+            while os.path.exists(target):  # set aside before, by an earlier resume
+                target, suffix = os.path.join(self.quarantine, f"{step}.{suffix}"), suffix + 1
+            shutil.move(os.path.join(self.directory, str(step)), target)
         self._manager = self._open()
         reasons = "; ".join(f"{step} ({_first_line(e)})" for step, e in unreadable)
         return (f"Checkpoint(s) {reasons} could not be read; moved to {self.quarantine} (not "
                 f"deleted) and resumed from the newest readable one, step {restored_step}.")
 
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        """Finishes the saves in flight and writes their manifests."""
+        self._seal()
 
     def close(self) -> None:
         self._manager.close()

@@ -221,8 +221,18 @@ class MetricWriter:
 
 
 def read_jsonl(path: str) -> list[dict]:
+    """The rows of a JSON-lines file. A last line cut short (the run was killed, or the disk
+    filled, while writing it) is left out; a bad line anywhere else is an error."""
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = [line for line in f if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1 or line.endswith("\n"):
+                raise
+    return rows
 
 
 RETURN_SERIES = {"train (episodic return)": "charts/episodic_return",

@@ -44,7 +44,16 @@ from jaxwm import parallel
 from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import EVALUATE, Algorithm, Hook
 from jaxwm.loop.artifacts import Artifacts
-from jaxwm.loop.checkpoint import Checkpointer, IncompatibleCheckpointError, prepare_workdir
+from jaxwm.loop.checkpoint import (
+    LEARNING_RATES,
+    WRITE_ERRNOS,
+    Checkpointer,
+    IncompatibleCheckpointError,
+    config_to_json_dict,
+    flatten,
+    prepare_workdir,
+    write_failed,
+)
 from jaxwm.loop.metrics import (
     MEDIA,
     SCORE_SERIES,
@@ -162,6 +171,25 @@ def route_outputs(algorithm: Algorithm, name: str, outputs: dict, flow: dict,
             flow[out] = value
 
 
+def nan_advice(bad: list[str], sched: Scheduler, config, checkpointer: Checkpointer) -> str:
+    """The NaN stop's message: what went wrong, which checkpoint is left to resume from (or
+    that none is), and the learning rates of this config that may change on resume."""
+    flat = flatten(config_to_json_dict(config))
+    rates = [f"--config.{k}={flat[k] / 10:g} (now {flat[k]:g})"
+             for k in LEARNING_RATES if isinstance(flat.get(k), (int, float))]
+    lower = "lower the learning rate" + (f", e.g. {' '.join(rates)}," if rates else "")
+    latest = checkpointer.latest_step()
+    if latest is None:
+        then = (f"No checkpoint was saved before it (checkpoint.every = "
+                f"{config.checkpoint.every!r}), so there is nothing to resume: {lower} and start "
+                "again in another --workdir.")
+    else:
+        then = (f"The last checkpoint, step {latest} in {checkpointer.directory}, was kept: "
+                f"{lower} and run again with --config.resume=True.")
+    return (f"Non-finite losses {bad} at step {sched.calls} ({sched.describe()}); this state "
+            f"was not saved. {then}")
+
+
 class Trainer:
     def __init__(self, config, algorithm: Algorithm, workdir: str, evaluator=None):
         self.config = config
@@ -184,8 +212,10 @@ class Trainer:
         self.primary = parallel.is_primary()
         self.say = tqdm.write if self.primary else (lambda *_: None)
         prepare_workdir(workdir)
-        self.checkpointer = Checkpointer(workdir, keep=config.checkpoint.keep)
-        self.checkpointer.check_can_start(config, resume=config.resume)
+        self.checkpointer = Checkpointer(workdir, keep=config.checkpoint.keep,
+                                         primary=self.primary)
+        # Settings this resume changes (learning rates, say): allowed, and recorded.
+        self.changed = self.checkpointer.check_can_start(config, resume=config.resume)
         self.artifacts = Artifacts(workdir, algorithm.artifacts)
 
     # ------------------------------------------------------------------ state
@@ -199,7 +229,8 @@ class Trainer:
     def _restore_or_init(self):
         """The initial state and key, or the checkpoint's. Returns ``(state, key, resumed)``."""
         state, key = self._initial()
-        if not (self.config.resume and self.checkpointer.latest_step() is not None):
+        self.resumed_from = None
+        if not self.config.resume:  # check_can_start refused resume=True without a checkpoint
             self.artifacts.start(None)
             return state, key, False
         saved, loop, step, unreadable = self.checkpointer.restore(self.algorithm.persistent(state))
@@ -214,6 +245,7 @@ class Trainer:
         note = self.checkpointer.set_aside(unreadable, step) if self.primary else None
         if note:
             self.say(note)
+        self.resumed_from = step
         state = self.algorithm.on_restore(state, saved)
         key = jnp.asarray(np.asarray(loop["key"], np.uint32))
         self.say(f"Resumed from {self.checkpointer.directory} at step "
@@ -231,7 +263,17 @@ class Trainer:
     # ------------------------------------------------------------------ run
 
     def run(self) -> dict:
-        """Trains until every phase is done (or a signal arrives). Returns the last metrics."""
+        """Trains until every phase is done (or a signal arrives). Returns the last metrics.
+        A write that fails for lack of space (a checkpoint, a log row, a plot) stops the run
+        with a one-line ``WriteError``."""
+        try:
+            return self._run()
+        except OSError as e:
+            if e.errno in WRITE_ERRNOS:
+                raise write_failed(f"to {e.filename or self.workdir}", e) from e
+            raise
+
+    def _run(self) -> dict:
         state, key, resumed = self._restore_or_init()
         sched, algorithm, x_axis = self.scheduler, self.algorithm, self.x_axis
         say = self.say
@@ -239,7 +281,11 @@ class Trainer:
         say(f"{algorithm.name} on {self.config.env.id} -> {self.workdir} "
             f"(tensorboard --logdir {self.workdir}){processes}")
         if self.primary:
-            self.checkpointer.write_config(self.config)
+            self.checkpointer.write_config(self.config, self.changed if resumed else None,
+                                           at={"step": sched.calls, **sched.totals})
+            if resumed and self.changed:
+                say("Changed on resume (recorded in config_history.jsonl): " + ", ".join(
+                    f"{k} {old} -> {new}" for k, (old, new) in self.changed.items()) + ".")
         # A resumed run drops what was logged after its checkpoint (that stretch runs again).
         writer = MetricWriter(self.workdir, resumed_at=dict(sched.totals) if resumed else None,
                               x_axis=x_axis, enabled=self.primary)
@@ -263,10 +309,7 @@ class Trainer:
         def check_finite():
             bad = window.nonfinite("losses/")
             if bad:
-                raise FloatingPointError(
-                    f"Non-finite losses {bad} at step {sched.calls} ({sched.describe()}). The last "
-                    f"good checkpoint in {self.checkpointer.directory} was kept (this state was "
-                    "not saved); lower the learning rate or enable normalisation, then resume.")
+                raise FloatingPointError(nan_advice(bad, sched, self.config, self.checkpointer))
 
         def log():
             nonlocal window_start, last, eval_seconds

@@ -43,6 +43,7 @@ import jaxwm.config
 from jaxwm.agents import sac
 from jaxwm.data import datasets
 from jaxwm.envs import acting, make_env
+from jaxwm.loop.checkpoint import Checkpointer, saved_steps
 
 LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
 MEDIUM_FRACTION = 1 / 3
@@ -64,7 +65,7 @@ def train_behaviour(config, workdir: str) -> list[tuple[int, float]]:
     at every snapshot."""
     from jaxwm import runner
 
-    config.resume = os.path.isdir(os.path.join(workdir, "checkpoints"))
+    config.resume = bool(saved_steps(workdir))
     runner.run(config, workdir)
     evals = {}
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
@@ -78,7 +79,6 @@ def train_behaviour(config, workdir: str) -> list[tuple[int, float]]:
 def load_snapshot(config, workdir: str, env_steps: int):
     """The SAC state (learner and replay) saved at ``env_steps``."""
     from jaxwm.algos import sac as sac_algo
-    from jaxwm.loop.checkpoint import Checkpointer
 
     algo = sac_algo.build(config)
     try:
