@@ -2,6 +2,7 @@
 normalised scores, and the generator end to end on Pendulum."""
 
 import contextlib
+import glob
 import json
 import os
 import re
@@ -127,6 +128,10 @@ def test_make_dataset_refuses_an_output_it_cannot_write(tmp_path, capsys):
     assert "cannot be written" in capsys.readouterr().err
     assert make_dataset.main(["--env=Pendulum-v1", "--level=random", f"--out={tmp_path}"]) == 2
     assert "is a directory" in capsys.readouterr().err
+    assert make_dataset.main(["--env=Pendulum-v1", "--level=random", f"--out={tmp_path}",
+                              "--overwrite"]) == 2  # refused first, not at the final rename
+    assert "is a directory" in capsys.readouterr().err
+    assert not glob.glob(str(tmp_path / "*.partial")) and not glob.glob(f"{tmp_path}.partial")
 
 
 def test_env_shape_mismatch_is_refused(tmp_path):

@@ -329,3 +329,13 @@ def test_the_nan_stop_names_its_checkpoint_and_its_advice_works(runs, tmp_path):
     history = read_jsonl(os.path.join(workdir, "config_history.jsonl"))
     assert [h["changed"]["ppo.learning_rate"]["now"] for h in history] == [1e30, 1e-4]
     assert_no_repeated_steps(workdir)
+
+
+def test_files_it_may_not_open_stop_the_resume_with_nothing_moved(runs, tmp_path, monkeypatch):
+    # As root every file is readable, so the permission check itself is made to say no.
+    workdir = copy_run(runs("ppo")[0], str(tmp_path / "run"))
+    before = listing(workdir)
+    monkeypatch.setattr(os, "access", lambda path, mode: not path.endswith("_METADATA"))
+    with pytest.raises(IncompatibleCheckpointError, match="permission denied.*fix the permissions"):
+        run(runs("ppo")[2], workdir)
+    assert listing(workdir) == before
