@@ -162,7 +162,10 @@ def fit_density(config, x: np.ndarray) -> tuple[realnvp.DensitySpec, dict, Norma
                     f.read())
         except Exception as e:  # noqa: BLE001 -- any unreadable cache is rebuilt, not fatal
             aside = f"{cache}.unreadable"
-            os.replace(cache, aside)
+            try:
+                os.replace(cache, aside)
+            except FileNotFoundError:  # another run sharing the cache moved it first
+                pass
             tqdm.write(f"GORMPO density cache {cache} cannot be read ({type(e).__name__}: "
                        f"{str(e)[:120]}); moved to {aside} and training the density again.")
         else:

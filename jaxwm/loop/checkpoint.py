@@ -22,12 +22,14 @@ Rules (docs/architecture.md, "Clocks, checkpoints and signals"):
   changes it accepts are appended to ``config_history.jsonl``;
 * a checkpoint whose tree does not match the freshly built state raises
   ``IncompatibleCheckpointError`` before anything is written;
-* a checkpoint that fails its manifest, or (without one) cannot be restored, and a numbered
+* a checkpoint that fails its manifest, or (without one) fails to restore with a damaged-file
+  error, and a numbered
   directory that is not a checkpoint at all, is moved, not deleted, to
   ``unreadable_checkpoints/<step>/`` and the run resumes from the newest readable one, saying
   which and why; if none can be read, nothing is touched and the refusal says so. A
-  checkpoint whose files match its manifest but that still cannot be restored, or files that
-  cannot be opened (permissions), stop the resume with nothing moved: that is not damage.
+  checkpoint whose files match its manifest but that still cannot be restored, one without a
+  manifest whose restore fails in another way, and files that cannot be opened
+  (permissions), stop the resume with nothing moved: that is not known to be damage.
 """
 
 from __future__ import annotations
@@ -82,11 +84,12 @@ class WriteError(RuntimeError):
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 
 
-def write_failed(what: str, error: Exception) -> WriteError:
-    return WriteError(
-        f"Writing {what} failed ({_first_line(error)}); the checkpoints finished before it "
-        "were kept. Free some space (or fix the directory) and run again with "
-        "--config.resume=True.")
+def write_failed(what: str, error: Exception, checkpointed: bool) -> WriteError:
+    then = ("the checkpoints finished before it were kept: once it can write again (a full "
+            "disk freed, the directory fixed), run again with --config.resume=True") \
+        if checkpointed else ("no checkpoint had been finished, so once it can write again "
+                              "start the run in another --workdir")
+    return WriteError(f"Writing {what} failed ({_first_line(error)}); {then}.")
 
 
 def flatten(d, prefix=""):
@@ -228,6 +231,8 @@ def verify(step_dir: str, contents: bool = True) -> bool:
     saying what differs. ``contents=False`` compares sizes only (no reading). Files added
     beside the recorded ones are ignored (orbax reads only its own); files that cannot be
     opened raise ``PermissionError``, which is not damage."""
+    if not os.access(step_dir, os.R_OK | os.X_OK):
+        raise PermissionError(f"{step_dir} cannot be listed (permission denied)")
     path = os.path.join(step_dir, MANIFEST)
     if not os.path.exists(path):
         if not os.path.exists(os.path.join(step_dir, ORBAX_METADATA)):
@@ -250,6 +255,17 @@ def verify(step_dir: str, contents: bool = True) -> bool:
         if got_crc != crc:
             raise _Damaged(f"{name}: its contents changed (CRC-32 differs)")
     return True
+
+
+# How tensorstore, orbax and the JSON reader word a damaged file (truncated, corrupted or
+# missing); for a checkpoint without a manifest, other failures are not taken as damage.
+_DAMAGE_MARKERS = ("DATA_LOSS", "OUT_OF_RANGE", "NOT_FOUND", "INVALID_ARGUMENT",
+                   "FAILED_PRECONDITION", "corrupt", "Truncated", "Unpack failed")
+
+
+def _is_damage(error: Exception) -> bool:
+    return isinstance(error, (_Damaged, json.JSONDecodeError, FileNotFoundError)) or \
+        any(marker in str(error) for marker in _DAMAGE_MARKERS)
 
 
 def _first_line(error: Exception) -> str:
@@ -358,8 +374,9 @@ class Checkpointer:
             self._unsealed.append(step)
 
     def _failed(self, steps: list[int], error: Exception):
+        finished = [s for s in self._manager.all_steps() if s not in steps]
         raise write_failed(f"checkpoint {', '.join(map(str, steps))} in {self.directory}",
-                           error) from error
+                           error, checkpointed=bool(finished)) from error
 
     def _seal(self) -> None:
         """Waits for the saves in flight, then writes the manifests of those now finalised
@@ -414,6 +431,7 @@ class Checkpointer:
                 unreadable.append((candidate, e))
         junk = {s for s, _ in unreadable}
         candidates = [s for s in steps if s not in junk] if step is None else [step]
+        unreadable = [(s, e) for s, e in unreadable if s not in candidates]
         for step in candidates:
             try:
                 verified = self._check_files(step, contents=True)
@@ -486,6 +504,12 @@ class Checkpointer:
                 f"restored ({_first_line(error)}); this is not damage to its files (check the "
                 "installed orbax and jax versions against the ones that wrote it); nothing was "
                 "moved or changed.") from error
+        if not _is_damage(error):  # no manifest to tell: a failure of another kind moves nothing
+            raise IncompatibleCheckpointError(
+                f"Checkpoint {self.directory}/{step} has no manifest and could not be restored "
+                f"({_first_line(error)}). If it is damaged, move it into {self.quarantine}/ and "
+                "resume again to start from the next older one; nothing was moved or "
+                "changed.") from error
         return error
 
     def _refuse_mismatch(self, step: int, saved: dict, expected: dict) -> None:
@@ -514,6 +538,11 @@ class Checkpointer:
         reasons = "; ".join(f"{step} ({_first_line(e)})" for step, e in unreadable)
         return (f"Checkpoint(s) {reasons} could not be read; moved to {self.quarantine} (not "
                 f"deleted) and resumed from the newest readable one, step {restored_step}.")
+
+    def reopen(self) -> None:
+        """Lists the steps again (another process moved some aside)."""
+        self._manager.close()
+        self._manager = self._open()
 
     def wait(self) -> None:
         """Finishes the saves in flight and writes their manifests."""

@@ -245,6 +245,12 @@ class Trainer:
         note = self.checkpointer.set_aside(unreadable, step) if self.primary else None
         if note:
             self.say(note)
+        if unreadable and jax.process_count() > 1:  # the others list the moved steps again
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("jaxwm: unreadable checkpoints set aside")
+            if not self.primary:
+                self.checkpointer.reopen()
         self.resumed_from = step
         state = self.algorithm.on_restore(state, saved)
         key = jnp.asarray(np.asarray(loop["key"], np.uint32))
@@ -270,7 +276,8 @@ class Trainer:
             return self._run()
         except OSError as e:
             if e.errno in WRITE_ERRNOS:
-                raise write_failed(f"to {e.filename or self.workdir}", e) from e
+                raise write_failed(f"to {e.filename or self.workdir}", e,
+                                   checkpointed=self.checkpointer.latest_step() is not None) from e
             raise
 
     def _run(self) -> dict:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from jaxwm.agents import sac
 from jaxwm.data import datasets
 from jaxwm.envs import acting, make_env
 from jaxwm.loop.checkpoint import Checkpointer, saved_steps
+from jaxwm.loop.metrics import read_jsonl
 
 LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
 MEDIUM_FRACTION = 1 / 3
@@ -67,12 +67,9 @@ def train_behaviour(config, workdir: str) -> list[tuple[int, float]]:
 
     config.resume = bool(saved_steps(workdir))
     runner.run(config, workdir)
-    evals = {}
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for line in f:
-            row = json.loads(line)
-            if "eval/episodic_return" in row:
-                evals[int(row["step"])] = float(row["eval/episodic_return"])
+    evals = {int(row["step"]): float(row["eval/episodic_return"])
+             for row in read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+             if "eval/episodic_return" in row}
     return sorted(evals.items())
 
 
