@@ -526,7 +526,6 @@ class Checkpointer:
         and frees their steps for the resumed run); returns what to tell the user."""
         if not unreadable:
             return None
-        self._manager.close()
         os.makedirs(self.quarantine, exist_ok=True)
         for step, _ in unreadable:
             target = os.path.join(self.quarantine, str(step))
@@ -534,7 +533,7 @@ class Checkpointer:
             while os.path.exists(target):  # set aside before, by an earlier resume
                 target, suffix = os.path.join(self.quarantine, f"{step}.{suffix}"), suffix + 1
             shutil.move(os.path.join(self.directory, str(step)), target)
-        self._manager = self._open()
+        self.reopen()
         reasons = "; ".join(f"{step} ({_first_line(e)})" for step, e in unreadable)
         return (f"Checkpoint(s) {reasons} could not be read; moved to {self.quarantine} (not "
                 f"deleted) and resumed from the newest readable one, step {restored_step}.")
