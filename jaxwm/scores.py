@@ -1,5 +1,10 @@
 """Normalised scores: reference returns per task and the normalisation that uses them.
 
+Atari's human-normalised score (Mnih et al. 2015; the Atari 100k convention of Kaiser et al.
+2020): ``(R - random) / (human - random)``, a fraction (1.0: human level), with the random and
+human returns of DQN-zoo's table (google-deepmind/dqn_zoo, ``dqn_zoo/atari_data.py``;
+mila-iqia/spr's ``rlpyt_utils.py`` agrees on all 26 games) for the 26 Atari 100k games.
+
 D4RL's normalised score (Fu et al. 2020, sec. 5): ``100 (R - min) / (max - min)`` with the
 random and expert returns of each MuJoCo task as min and max (the D4RL repository's
 ``infos.py`` values for the v2 datasets). A base module with no dependencies inside jaxwm, so
@@ -12,6 +17,36 @@ import numpy as np
 
 D4RL_REFERENCE = {"hopper": (-20.272305, 3234.3), "halfcheetah": (-280.178953, 12135.0),
                   "walker2d": (1.629008, 4592.3)}
+
+
+# (random, human) returns of the 26 Atari 100k games, DQN-zoo's ``_ATARI_DATA``.
+ATARI_RANDOM_HUMAN = {
+    "Alien": (227.8, 7127.7), "Amidar": (5.8, 1719.5), "Assault": (222.4, 742.0),
+    "Asterix": (210.0, 8503.3), "BankHeist": (14.2, 753.1), "BattleZone": (2360.0, 37187.5),
+    "Boxing": (0.1, 12.1), "Breakout": (1.7, 30.5), "ChopperCommand": (811.0, 7387.8),
+    "CrazyClimber": (10780.5, 35829.4), "DemonAttack": (152.1, 1971.0),
+    "Freeway": (0.0, 29.6), "Frostbite": (65.2, 4334.7), "Gopher": (257.6, 2412.5),
+    "Hero": (1027.0, 30826.4), "Jamesbond": (29.0, 302.8), "Kangaroo": (52.0, 3035.0),
+    "Krull": (1598.0, 2665.5), "KungFuMaster": (258.5, 22736.3), "MsPacman": (307.3, 6951.6),
+    "Pong": (-20.7, 14.6), "PrivateEye": (24.9, 69571.3), "Qbert": (163.9, 13455.0),
+    "RoadRunner": (11.5, 7845.0), "Seaquest": (68.4, 42054.7), "UpNDown": (533.4, 11693.2),
+}
+
+
+def atari_game(env_id: str) -> str | None:
+    """The Atari 100k game of an envpool id (``MsPacman-v5`` -> ``MsPacman``), or None."""
+    game = env_id.split("-")[0]
+    return game if game in ATARI_RANDOM_HUMAN else None
+
+
+def human_normalized_score(returns, env_id: str):
+    """``(R - random) / (human - random)`` for an Atari 100k game; NaN for any other env."""
+    returns = np.asarray(returns, np.float64)
+    game = atari_game(env_id)
+    if game is None:
+        return np.full_like(returns, np.nan)
+    random, human = ATARI_RANDOM_HUMAN[game]
+    return (returns - random) / (human - random)
 
 
 def reference_returns(env_id: str) -> tuple[float, float] | None:

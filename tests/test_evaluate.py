@@ -186,3 +186,22 @@ def test_action_noise_needs_continuous_actions():
     config.eval.action_noise = -1.0
     with pytest.raises(ConfigError, match="standard deviations"):
         validate_common(config)
+
+
+def test_atari_evaluations_report_the_human_normalised_score():
+    """Pong's table: random -20.7, human 14.6; every return here is 10 (RecordingEnv)."""
+    from jaxwm.scores import human_normalized_score
+
+    np.testing.assert_allclose(human_normalized_score([-20.7, 14.6, 10.0], "Pong-v5"),
+                               [0.0, 1.0, 30.7 / 35.3])
+    assert np.isnan(human_normalized_score(10.0, "CartPole-v1"))
+    config = base_config()
+    config.env.id = "Pong-v5"
+    config.eval.num_envs, config.eval.num_episodes = 2, 4
+    policy = Policy(lambda params, n: (), lambda params, carry, obs, is_first, key, t:
+                    (carry, jnp.zeros((obs.shape[0], 2)), {}))
+    metrics = Evaluator(config, policy, env=RecordingEnv()).run(None, jax.random.PRNGKey(0))
+    assert metrics["eval/human_normalized_score"] == pytest.approx((10.0 + 20.7) / 35.3)
+    config.env.id = "CartPole-v1"
+    metrics = Evaluator(config, policy, env=RecordingEnv()).run(None, jax.random.PRNGKey(0))
+    assert "eval/human_normalized_score" not in metrics

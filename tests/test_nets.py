@@ -12,6 +12,7 @@ from jaxwm.nets.actor_critic import ActorCritic
 from jaxwm.nets.conv import (
     Conv2D,
     conv,
+    conv_transpose,
     depth_to_kernel,
     depth_to_space,
     kernel_to_depth,
@@ -101,3 +102,58 @@ def test_actor_critic_shapes(encoder, obs_shape, discrete):
     action = dist.sample(jax.random.PRNGKey(1))
     assert action.shape == ((2, 5) if discrete else (2, 5, 3))
     assert dist.log_prob(action).shape == (2, 5)
+
+
+def naive_conv_transpose(x, w, stride, padding, output_padding):
+    """PyTorch's ConvTranspose2d by its definition: every input pixel scatters x[i] * w[k]
+    to output s*i + k - p."""
+    b, h, wd, _ = x.shape
+    k, f = w.shape[0], w.shape[3]
+    full = np.zeros((b, (h - 1) * stride + k + output_padding, (wd - 1) * stride + k
+                     + output_padding, f))
+    for i in range(h):
+        for j in range(wd):
+            full[:, i * stride:i * stride + k, j * stride:j * stride + k] += np.einsum(
+                "bc,xycf->bxyf", x[:, i, j], w)
+    out_h = (h - 1) * stride - 2 * padding + k + output_padding
+    out_w = (wd - 1) * stride - 2 * padding + k + output_padding
+    return full[:, padding:padding + out_h, padding:padding + out_w]
+
+
+@pytest.mark.parametrize("kernel,stride,padding,output_padding",
+                         [(4, 2, 1, 0), (3, 2, 1, 1), (5, 2, 0, 0), (6, 2, 0, 0), (3, 1, 1, 0),
+                          (4, 2, 1, 1), (3, 3, 0, 2)])
+def test_conv_transpose_matches_its_definition_and_autodiff(kernel, stride, padding,
+                                                           output_padding):
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 4, 3))
+    w = jax.random.normal(jax.random.PRNGKey(1), (kernel, kernel, 3, 2))
+    y = conv_transpose(x, w, stride, padding, output_padding)
+    np.testing.assert_allclose(y, naive_conv_transpose(np.asarray(x, np.float64),
+                                                       np.asarray(w, np.float64), stride,
+                                                       padding, output_padding),
+                               rtol=1e-4, atol=1e-4)
+    loss = lambda canonical: lambda x, w: jnp.sum(jnp.sin(  # noqa: E731
+        conv_transpose(x, w, stride, padding, output_padding, canonical)))
+    for got, want in zip(jax.grad(loss(True), argnums=(0, 1))(x, w),
+                         jax.grad(loss(False), argnums=(0, 1))(x, w), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_transpose_is_the_transpose_of_a_strided_conv():
+    """<conv(x, w), y> = <x, conv_transpose(y, w)> for a VALID conv and padding 0."""
+    x = jax.random.normal(jax.random.PRNGKey(2), (1, 10, 10, 3))
+    w = jax.random.normal(jax.random.PRNGKey(3), (4, 4, 3, 5))
+    y = jax.random.normal(jax.random.PRNGKey(4), lax_conv(x, w, 2).shape)
+    np.testing.assert_allclose(jnp.vdot(lax_conv(x, w, 2), y),
+                               jnp.vdot(x, conv_transpose(y, jnp.swapaxes(w, 2, 3), 2)),
+                               rtol=1e-4)
+
+
+def test_conv2d_padding_is_pytorchs():
+    x = jax.random.normal(jax.random.PRNGKey(5), (1, 7, 6, 2))
+    layer = Conv2D(4, 4, 2, padding=1)
+    params = layer.init(jax.random.PRNGKey(6), x)
+    want = lax.conv_general_dilated(x, params["params"]["kernel"], (2, 2), ((1, 1), (1, 1)),
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    np.testing.assert_allclose(layer.apply(params, x), want + params["params"]["bias"],
+                               rtol=1e-5, atol=1e-5)

@@ -23,7 +23,8 @@ wrapper. The noise has its own generator seeded from the run's seed, so evaluati
 
 Where the algorithm knows reference returns (``Algorithm.score_reference``, an offline dataset's),
 D4RL's normalised score is reported beside the return: ``eval/normalized_score`` and its std
-over episodes.
+over episodes. For the 26 Atari 100k games, whatever the algorithm, the human-normalised
+score (``jaxwm.scores``) is: ``eval/human_normalized_score``.
 
 A video records env 0's first episode and is returned as a ``metrics.Video``, which the
 loop writes as a GIF (Pillow ships with matplotlib's dependencies, so no ffmpeg is needed).
@@ -40,7 +41,7 @@ from jaxwm.config import ConfigError
 from jaxwm.envs import EpisodeStats, acting, make_env
 from jaxwm.loop import seeds
 from jaxwm.loop.metrics import PerSeed, Video
-from jaxwm.scores import normalized_score
+from jaxwm.scores import atari_game, human_normalized_score, normalized_score
 
 
 def episode_quotas(num_episodes: int, num_envs: int) -> np.ndarray:
@@ -60,6 +61,7 @@ class Evaluator:
         self.policy = policy = acting.grouped(policy, num_seeds)
         self.params_of = params_of
         self.score_reference = score_reference
+        self.env_id = config.env.id
         self.act = backend.jit(lambda params, carry, obs, is_first, key, temperature:
                                policy.act(params, carry, obs, is_first, key, temperature)[:2])
         self.num_seeds = num_seeds
@@ -149,6 +151,9 @@ class Evaluator:
             scores = [normalized_score(r, self.score_reference) for r in returns]
             stats["eval/normalized_score"] = [np.mean(s) for s in scores]
             stats["eval/normalized_score_std"] = [np.std(s) for s in scores]
+        if atari_game(self.env_id) is not None:
+            stats["eval/human_normalized_score"] = [
+                np.mean(human_normalized_score(r, self.env_id)) for r in returns]
         wrap = (lambda v: float(v[0])) if self.num_seeds == 1 else \
             (lambda v: PerSeed(np.asarray(v, np.float64)))
         return {**{name: wrap(v) for name, v in stats.items()},

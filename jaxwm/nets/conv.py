@@ -28,6 +28,15 @@ convolutions to YNNPACK, several times slower here.
 
 Parameters are named and laid out as ``flax.linen.Conv``'s (``kernel`` HWIO, ``bias``), so
 checkpoints move freely between backends and implementations.
+
+Transposed convolutions (the decoders of pixel world models, SimPLe's next-frame predictor
+stepped in a scan) are written the same way: ``conv_transpose`` computes PyTorch's
+``ConvTranspose2d`` as a stride-1 ``conv`` producing ``s*s`` times the features, followed by
+``depth_to_space`` (the "sub-pixel convolution" identity, Shi et al. 2016, "Real-Time Single
+Image and Video Super-Resolution Using an Efficient Sub-Pixel Convolutional Neural Network",
+sec. 2.2). A stride-s transposed convolution written directly is a convolution of the input
+dilated by s (``lhs_dilation``), which is not canonical, so inside a loop both it and its
+gradients would leave the fast path.
 """
 
 from __future__ import annotations
@@ -118,8 +127,39 @@ def _conv_bwd(stride, residuals, dy):
 conv.defvjp(_conv_fwd, _conv_bwd)
 
 
+def conv_transpose(x: jax.Array, w: jax.Array, stride: int, padding: int = 0,
+                   output_padding: int = 0, canonical: bool = True) -> jax.Array:
+    """PyTorch's ``ConvTranspose2d``: ``[B, H, W, C] x [K, K, C, F] -> [B, OH, OW, F]`` with
+    ``out[s*i + k - p] += x[i] * w[k]`` (per spatial axis) and ``OH = (H - 1) s - 2p + K +
+    output_padding``.
+
+    Output row ``s*q + t`` only receives kernel rows ``k = s*m + t``, from input row ``q - m``;
+    so with the kernel zero-padded to ``K' s`` rows (``K' = ceil(K / s)``), every output phase
+    ``t`` is a stride-1 correlation of the input (padded by ``K' - 1``) with kernel rows
+    ``s (K' - 1 - j) + t``. All ``s*s`` phases are one stride-1 convolution with ``s*s*F``
+    features, interleaved back by ``depth_to_space``; the full result is then cropped by
+    ``padding``. ``canonical``: ``conv``'s canonical gradients (else autodiff's)."""
+    k, s = w.shape[0], stride
+    channels, features = w.shape[2], w.shape[3]
+    taps = -(-k // s)
+    w = jnp.pad(w, ((0, taps * s - k), (0, taps * s - k), (0, 0), (0, 0)))
+    w = w.reshape(taps, s, taps, s, channels, features)[::-1, :, ::-1]  # [j, t, j, t, C, F]
+    w = w.transpose(0, 2, 4, 1, 3, 5).reshape(taps, taps, channels, s * s * features)
+    x = jnp.pad(x, ((0, 0), (taps - 1, taps - 1), (taps - 1, taps - 1), (0, 0)))
+    y = depth_to_space(conv(x, w, 1) if canonical else _conv(x, w, 1), s)
+    out_h = (x.shape[1] - 2 * (taps - 1) - 1) * s - 2 * padding + k + output_padding
+    out_w = (x.shape[2] - 2 * (taps - 1) - 1) * s - 2 * padding + k + output_padding
+    # output_padding may reach past the full result: those rows receive nothing (zeros).
+    return _fit(y[:, padding:, padding:], out_h, out_w)
+
+
+def _use_canonical(canonical: bool | None) -> bool:
+    return jax.default_backend() == "cpu" if canonical is None else canonical
+
+
 class Conv2D(nn.Module):
-    """VALID conv with a square kernel.
+    """Conv with a square kernel, VALID after ``padding`` zeros on every side (PyTorch's
+    ``padding``).
 
     ``canonical_backward=None`` uses ``conv``'s canonical gradients on the CPU backend only;
     other backends (cuDNN on GPU) handle autodiff's gradient convolutions themselves.
@@ -131,6 +171,7 @@ class Conv2D(nn.Module):
     kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
     canonical_backward: bool | None = None
     dtype: jnp.dtype | None = None  # compute dtype (e.g. bfloat16); parameters stay float32
+    padding: int = 0
 
     @nn.compact
     def __call__(self, x):
@@ -138,8 +179,30 @@ class Conv2D(nn.Module):
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
         if self.dtype is not None:
             x, w, bias = (v.astype(self.dtype) for v in (x, w, bias))
-        canonical = self.canonical_backward
-        if canonical is None:
-            canonical = jax.default_backend() == "cpu"
-        y = conv(x, w, self.stride) if canonical else _conv(x, w, self.stride)
+        if self.padding:
+            p = self.padding
+            x = jnp.pad(x, ((0, 0), (p, p), (p, p), (0, 0)))
+        y = conv(x, w, self.stride) if _use_canonical(self.canonical_backward) else \
+            _conv(x, w, self.stride)
         return y + bias
+
+
+class ConvTranspose2D(nn.Module):
+    """``conv_transpose`` as a layer (PyTorch's ``ConvTranspose2d`` semantics); ``kernel``
+    is ``[K, K, in, out]``, each input pixel's contribution to the ``K x K`` outputs it
+    scatters to."""
+
+    features: int
+    kernel: int
+    stride: int = 1
+    padding: int = 0
+    output_padding: int = 0
+    kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
+    canonical_backward: bool | None = None
+
+    @nn.compact
+    def __call__(self, x):
+        w = self.param("kernel", self.kernel_init, (self.kernel, self.kernel, x.shape[-1], self.features))
+        bias = self.param("bias", nn.initializers.zeros, (self.features,))
+        return conv_transpose(x, w, self.stride, self.padding, self.output_padding,
+                              _use_canonical(self.canonical_backward)) + bias
