@@ -30,7 +30,9 @@ which jaxwm's one PPO does not.
 
 import ml_collections
 
+from jaxwm.agents.ppo import config_block as ppo_block
 from jaxwm.config import base_config
+from jaxwm.nets.actor_critic import config_block as network_block
 
 VARIANTS = ("cartpole", "atari", "mujoco", "minigrid", "cartpole_masked", "cartpole_masked_tuned",
             "cartpole_masked_transformer", "lunarlander_masked", "mujoco_memory", "tiny")
@@ -89,57 +91,6 @@ MASKED = {
     "lunarlander_masked": ("LunarLander-v2", (2, 3, 5), 8, 5_000_000, BENCHNETRL_PPO,
                            CLASSIC_MEMORY),
 }
-
-
-def ppo_block(**overrides) -> ml_collections.ConfigDict:
-    p = ml_collections.ConfigDict()
-    p.num_steps = 128
-    p.learning_rate = 2.5e-4
-    p.anneal_lr = True  # linearly to 0 over anneal_env_steps (set in get_config)
-    p.gamma = 0.99
-    p.gae_lambda = 0.95
-    p.num_minibatches = 4
-    p.update_epochs = 4
-    p.clip_coef = 0.2
-    p.clip_vloss = True
-    p.ent_coef = 0.01
-    p.vf_coef = 0.5
-    p.max_grad_norm = 0.5
-    p.norm_adv = True
-    p.normalize_obs = False
-    p.normalize_reward = False
-    p.loop_form = "auto"  # auto | scan | unroll (see jaxwm/agents/ppo.py)
-    # Collect the next rollout on a second thread while the update runs, acting with the
-    # parameters from before it (a one-update lag; see jaxwm/algos/ppo.py). Off: exact PPO.
-    p.async_collect = False
-    # Memory backbones: reset the memory at episode starts inside training sequences too.
-    # False reproduces BenchNetRL's Mamba update (state leaks across episodes), for comparison.
-    p.update_resets = True
-    p.update(overrides)
-    return p
-
-
-def network_block(**overrides) -> ml_collections.ConfigDict:
-    n = ml_collections.ConfigDict()
-    n.encoder = "auto"  # auto | mlp | nature_cnn | grid_cnn
-    n.hidden = (64, 64)  # the MLP encoder's layers (vector observations)
-    n.activation = "tanh"
-    # ff | lstm | gru | trxl | gtrxl | mamba | mamba2 (jaxwm/nets/backbones); each reads its
-    # block below. Sizes are BenchNetRL's Atari settings (its run scripts); variants adjust them.
-    n.backbone = "ff"
-    n.frames = 1  # > 1: the last `frames` vector observations, concatenated ("PPO-4")
-    n.separate_critic = True  # ff only: the critic gets its own MLP on the observation
-    n.ff = ml_collections.ConfigDict(dict(head_hidden=()))  # BenchNetRL's FF heads: (512, 512)
-    n.rnn = ml_collections.ConfigDict(dict(hidden=256))  # lstm, gru
-    n.trxl = ml_collections.ConfigDict(dict(dim=512, layers=1, heads=2, memory=64))  # trxl, gtrxl
-    # BenchNetRL trains the Mamba block at lr 1e-4 with the rest at 2.5e-4: a scale of 0.4.
-    # scan: auto (sequential on CPU, associative on accelerators) | associative | sequential
-    n.mamba = ml_collections.ConfigDict(dict(dim=450, state=64, conv=4, expand=1, scan="auto",
-                                             learning_rate_scale=0.4))
-    n.mamba2 = ml_collections.ConfigDict(dict(dim=512, state=64, conv=4, expand=1, headdim=64,
-                                              chunk=64, learning_rate_scale=0.4))
-    n.update(overrides)
-    return n
 
 
 def get_config(variant: str = "cartpole") -> ml_collections.ConfigDict:

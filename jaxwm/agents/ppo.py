@@ -54,6 +54,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 from flax import struct
 
@@ -146,6 +147,36 @@ def make_optimizer(cfg, anneal_updates: int,
     in_backbone = lambda params: jax.tree_util.tree_map_with_path(  # noqa: E731
         lambda path, _: any(getattr(k, "key", None) == "memory" for k in path), params)
     return optax.chain(adam, optax.masked(optax.scale(backbone_scale), in_backbone))
+
+
+def config_block(**overrides) -> ml_collections.ConfigDict:
+    """The ``config.ppo`` block (CleanRL's Atari settings), shared by PPO on real envs and
+    SimPLe's PPO inside its learned simulator."""
+    p = ml_collections.ConfigDict()
+    p.num_steps = 128
+    p.learning_rate = 2.5e-4
+    p.anneal_lr = True  # linearly to 0 over anneal_env_steps (set in get_config)
+    p.gamma = 0.99
+    p.gae_lambda = 0.95
+    p.num_minibatches = 4
+    p.update_epochs = 4
+    p.clip_coef = 0.2
+    p.clip_vloss = True
+    p.ent_coef = 0.01
+    p.vf_coef = 0.5
+    p.max_grad_norm = 0.5
+    p.norm_adv = True
+    p.normalize_obs = False
+    p.normalize_reward = False
+    p.loop_form = "auto"  # auto | scan | unroll (see jaxwm/agents/ppo.py)
+    # Collect the next rollout on a second thread while the update runs, acting with the
+    # parameters from before it (a one-update lag; see jaxwm/algos/ppo.py). Off: exact PPO.
+    p.async_collect = False
+    # Memory backbones: reset the memory at episode starts inside training sequences too.
+    # False reproduces BenchNetRL's Mamba update (state leaks across episodes), for comparison.
+    p.update_resets = True
+    p.update(overrides)
+    return p
 
 
 # ----------------------------------------------------------------------------- acting

@@ -34,6 +34,7 @@ REGISTRY = {
     "mopo": Entry("jaxwm.algos.mopo", "configs/mopo.py:tiny"),
     "gormpo": Entry("jaxwm.algos.mopo", "configs/mopo.py:tiny_gormpo"),  # GORMPO's penalty
     "dreamer": Entry("jaxwm.algos.dreamer", "configs/dreamer.py:tiny"),
+    "simple": Entry("jaxwm.algos.simple", "configs/simple.py:tiny"),
 }
 
 NO_PROCESSES = ("it keeps its whole state on every device and steps its envs from one process; "

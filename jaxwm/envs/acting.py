@@ -85,6 +85,16 @@ def stateless(act: Callable[[Any, jax.Array, jax.Array, Any], jax.Array]) -> Pol
     return Policy(init_carry=lambda params, n: (), act=act_with_carry)
 
 
+def without_extras(policy: Policy) -> Policy:
+    """``policy`` with its extras dropped: acting for data that no on-policy learner reads
+    (SimPLe's real-env collection with PPO's policy, which ``warmup`` can then wrap)."""
+    def act(params, carry, obs, is_first, key, temperature=1.0):
+        carry, action, _ = policy.act(params, carry, obs, is_first, key, temperature)
+        return carry, action, {}
+
+    return Policy(init_carry=policy.init_carry, act=act)
+
+
 def uniform_action(spec: EnvSpec, key: jax.Array, num_envs: int) -> jax.Array:
     """Uniform random actions: over the discrete actions, or over the env's box."""
     if spec.discrete:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import flax.linen as nn
+import ml_collections
 import numpy as np
 
 from jaxwm.config import ConfigError
@@ -29,6 +30,30 @@ from jaxwm.nets.distributions import Categorical, DiagGaussian
 from jaxwm.nets.encoders import MLP, GridCNN, NatureCNN, orthogonal
 
 ENCODERS = ("mlp", "nature_cnn", "grid_cnn")
+
+
+def config_block(**overrides) -> ml_collections.ConfigDict:
+    """The ``config.network`` block: encoder, memory backbone and their sizes."""
+    n = ml_collections.ConfigDict()
+    n.encoder = "auto"  # auto | mlp | nature_cnn | grid_cnn
+    n.hidden = (64, 64)  # the MLP encoder's layers (vector observations)
+    n.activation = "tanh"
+    # ff | lstm | gru | trxl | gtrxl | mamba | mamba2 (jaxwm/nets/backbones); each reads its
+    # block below. Sizes are BenchNetRL's Atari settings (its run scripts); variants adjust them.
+    n.backbone = "ff"
+    n.frames = 1  # > 1: the last `frames` vector observations, concatenated ("PPO-4")
+    n.separate_critic = True  # ff only: the critic gets its own MLP on the observation
+    n.ff = ml_collections.ConfigDict(dict(head_hidden=()))  # BenchNetRL's FF heads: (512, 512)
+    n.rnn = ml_collections.ConfigDict(dict(hidden=256))  # lstm, gru
+    n.trxl = ml_collections.ConfigDict(dict(dim=512, layers=1, heads=2, memory=64))  # trxl, gtrxl
+    # BenchNetRL trains the Mamba block at lr 1e-4 with the rest at 2.5e-4: a scale of 0.4.
+    # scan: auto (sequential on CPU, associative on accelerators) | associative | sequential
+    n.mamba = ml_collections.ConfigDict(dict(dim=450, state=64, conv=4, expand=1, scan="auto",
+                                             learning_rate_scale=0.4))
+    n.mamba2 = ml_collections.ConfigDict(dict(dim=512, state=64, conv=4, expand=1, headdim=64,
+                                              chunk=64, learning_rate_scale=0.4))
+    n.update(overrides)
+    return n
 
 
 def make_encoder(kind: str, hidden: Sequence[int], activation: str,

@@ -1,0 +1,130 @@
+"""SimPLe / MBARC (jaxwm/algos/simple.py). Launch:
+
+python -m jaxwm.train --config=configs/simple.py:tiny           # minutes on a CPU, same code path
+python -m jaxwm.train --config=configs/simple.py:atari100k --config.env.id=Freeway-v5 --config.strategy=mbarc
+python -m jaxwm.train --config=configs/simple.py:atari100k --config.env.id=Pong-v5 \
+    --config.strategy=online --config.stochastic=False
+
+``atari100k`` follows MBARC's defaults (thomas-schillaci/mbarc_atari, ``mbarc/__main__.py``),
+which are SimPLe's (Kaiser et al. 2020) with MBARC's 5 compress steps and short schedule: the
+real env without sticky actions, up to 8 no-ops, frame skip 4, 105x80 RGB, 4 frames, rewards
+clipped to their sign; 6400 random steps, then 15 epochs of 6400 policy steps (temperature 1)
+-> world model (45k optimiser steps in epoch 0, then 15k; batch 4, rollouts of 50, scheduled
+sampling over 22,250 steps) -> reward head (the strategy's steps, batch 32) -> PPO inside the
+model (1000 iterations of 16 agents x 50 steps, x2 at epochs 7 and 11, x3 at 14; lr 1e-4,
+clip 0.1, 5 minibatches x 4 epochs, entropy 0.01, value 0.5, no annealing) -> evaluation in the
+real env at temperature 0.5. 102,400 real steps in all.
+
+``--config.strategy`` (or ``simple.strategy``, one setting): online | class_balanced |
+square_root | progressively_balanced | mbarc (MBARC's default). ``--config.stochastic``
+(or ``simple.stochastic``): the discrete latent on (default) or off. ``simple.model_size``:
+full (~69M parameters, MBARC's), small, tiny.
+
+Departures: envpool max-pools the last two raw frames of each skip and resizes with area
+interpolation; MBARC's wrapper keeps the last frame and takes every other pixel. The policy
+network is jaxwm's Nature CNN (MBARC's third convolution has 32 filters, not 64). Real-env
+collection runs ``env.num_envs`` envs (MBARC: one).
+"""
+
+import ml_collections
+
+from jaxwm.agents.ppo import config_block as ppo_block
+from jaxwm.config import base_config
+from jaxwm.nets.actor_critic import config_block as network_block
+
+VARIANTS = ("atari100k", "tiny")
+# Reward-head steps per epoch of each strategy (MBARC's).
+REWARD_STEPS = {"class_balanced": 450, "square_root": 475, "progressively_balanced": 1000,
+                "mbarc": 1500}
+
+
+def simple_block(**overrides) -> ml_collections.ConfigDict:
+    s = ml_collections.ConfigDict()
+    s.model_size = "full"
+    s.reward_head = "mbarc"  # mbarc (MBARC's conv head) | simple (SimPLe's pooled MLP)
+    s.strategy = "mbarc"
+    s.stochastic = True
+    s.focal_loss = False  # online only: class-balanced focal loss instead of cross-entropy
+    s.frames = 4
+    s.random_steps = 6400
+    s.collect_per_epoch = 6400
+    s.collect_steps = 50  # per env per collect call
+    s.epochs = 15
+    s.batch_size = 4
+    s.rollout_length = 50
+    s.model_steps_first = 45_000
+    s.model_steps = 15_000
+    s.scheduled_sampling_steps = 22_250
+    s.input_noise = 0.05
+    s.value_gamma = 0.99
+    s.reward_steps = ml_collections.ConfigDict(REWARD_STEPS)
+    s.reward_steps_per_call = 25
+    s.reward_batch_size = 32
+    s.balance_stages = 50
+    s.mbarc_masses = (0.35, 0.05, 0.6)
+    s.agent_iterations = 1000
+    s.agent_multipliers = ml_collections.ConfigDict({"7": 2, "11": 2, "14": 3})
+    s.frame_mode = "argmax"  # argmax | sample: how the simulator picks its next frame
+    s.sim = ml_collections.ConfigDict({"num_agents": 16})
+    s.report_length = 50
+    s.report_batch = 4
+    s.evaluate_each_epoch = True
+    s.update(overrides)
+    return s
+
+
+def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
+    if variant not in VARIANTS:
+        raise ValueError(f"Unknown simple variant {variant!r}; choose one of {VARIANTS}.")
+    c = base_config()
+    c.algo = "simple"
+    c.env.id = "Freeway-v5"
+    c.env.update(img_height=105, img_width=80, gray_scale=False, frame_stack=4, frame_skip=4,
+                 noop_max=8, repeat_action_probability=0.0, episodic_life=False,
+                 use_fire_reset=True, reward_clip=True, full_action_space=False)
+    c.env.num_envs = 16
+    c.ppo = ppo_block(num_steps=50, learning_rate=1e-4, anneal_lr=False, clip_coef=0.1,
+                      num_minibatches=5, update_epochs=4, vf_coef=0.5)
+    c.network = network_block(encoder="nature_cnn", separate_critic=False)
+    c.eval.temperature = 0.5
+    c.eval.num_envs = 15
+    c.eval.num_episodes = 30
+    c.eval.every = "never"  # each epoch ends with an evaluation (its hooks), and the run
+    c.log.every = "6400 env_steps, 1500 model_updates, 2000 agent_updates"
+    c.log.x_axis = "env_steps"
+    c.checkpoint.every = "15000 model_updates, 20000 agent_updates"
+
+    if variant == "tiny":  # every hook and phase in a few minutes on a CPU
+        c.env.id = "Pong-v5"
+        c.env.update(img_height=52, img_width=40, num_envs=2)
+        c.simple = simple_block(
+            model_size="tiny", random_steps=32, collect_per_epoch=32, collect_steps=8,
+            epochs=2, batch_size=2, rollout_length=4, model_steps_first=8, model_steps=4,
+            scheduled_sampling_steps=8,
+            reward_steps=dict(class_balanced=4, square_root=4, progressively_balanced=4,
+                              mbarc=4),
+            reward_steps_per_call=2, reward_batch_size=4, balance_stages=4,
+            agent_iterations=2, sim={"num_agents": 4},
+            report_length=4, report_batch=2, evaluate_each_epoch=False)
+        c.simple.agent_multipliers = ml_collections.ConfigDict({"1": 2})
+        c.ppo = ppo_block(num_steps=4, learning_rate=1e-4, anneal_lr=False, clip_coef=0.1,
+                          num_minibatches=2, update_epochs=1)
+        c.eval.num_envs = c.eval.num_episodes = 1
+        c.log.every = "16 env_steps, 4 model_updates, 2 agent_updates"
+        c.checkpoint.every = "8 model_updates, 4 agent_updates"
+    else:
+        c.simple = simple_block()
+
+    s = c.simple
+    # --config.strategy / --config.stochastic (the issue's and MBARC's CLI) and
+    # --config.simple.strategy / .stochastic are one setting each: either sets both.
+    c.strategy, c.stochastic = s.strategy, s.stochastic
+    s.strategy, s.stochastic = c.get_ref("strategy"), c.get_ref("stochastic")
+    c.total_env_steps = s.random_steps + s.epochs * s.collect_per_epoch
+    c.phase_order = ("random",) + tuple(f"epoch_{e:02d}" for e in range(s.epochs))
+    # The hooks of every phase come from config.simple (jaxwm/algos/simple.py, phase_hooks).
+    c.phases.random = dict(unit="env_steps", duration=s.random_steps, hooks=())
+    for name in c.phase_order[1:]:
+        c.phases[name] = dict(unit="iterations", duration=1, hooks=())
+    c.lock()
+    return c
