@@ -22,8 +22,7 @@ full (~69M parameters, MBARC's), small, tiny.
 
 Departures: envpool max-pools the last two raw frames of each skip and resizes with area
 interpolation; MBARC's wrapper keeps the last frame and takes every other pixel. The policy
-network is jaxwm's Nature CNN (MBARC's third convolution has 32 filters, not 64). Real-env
-collection runs ``env.num_envs`` envs (MBARC: one).
+network is jaxwm's Nature CNN (MBARC's third convolution has 32 filters, not 64).
 """
 
 import ml_collections
@@ -48,7 +47,7 @@ def simple_block(**overrides) -> ml_collections.ConfigDict:
     s.frames = 4
     s.random_steps = 6400
     s.collect_per_epoch = 6400
-    s.collect_steps = 50  # per env per collect call
+    s.collect_steps = 100  # per env per collect call
     s.epochs = 15
     s.batch_size = 4
     s.rollout_length = 50
@@ -82,7 +81,7 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
     c.env.update(img_height=105, img_width=80, gray_scale=False, frame_stack=4, frame_skip=4,
                  noop_max=8, repeat_action_probability=0.0, episodic_life=False,
                  use_fire_reset=True, reward_clip=True, full_action_space=False)
-    c.env.num_envs = 16
+    c.env.num_envs = 1  # MBARC's one real env: 6400 steps are a few whole episodes
     c.ppo = ppo_block(num_steps=50, learning_rate=1e-4, anneal_lr=False, clip_coef=0.1,
                       num_minibatches=5, update_epochs=4, vf_coef=0.5)
     c.network = network_block(encoder="nature_cnn", separate_critic=False)
@@ -99,7 +98,7 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
         c.env.update(img_height=52, img_width=40, num_envs=2)
         c.simple = simple_block(
             model_size="tiny", random_steps=32, collect_per_epoch=32, collect_steps=8,
-            epochs=2, batch_size=2, rollout_length=4, model_steps_first=8, model_steps=4,
+            epochs=2, batch_size=4, rollout_length=4, model_steps_first=8, model_steps=4,
             scheduled_sampling_steps=8,
             reward_steps=dict(class_balanced=4, square_root=4, progressively_balanced=4,
                               mbarc=4),

@@ -47,14 +47,15 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from jaxwm import backend
+from jaxwm import backend, parallel
 from jaxwm.agents import ppo
-from jaxwm.algos import NO_ASYNC_POOL, NO_PROCESSES, Capabilities
+from jaxwm.algos import Capabilities
 from jaxwm.config import ConfigError, require
 from jaxwm.data.replay import SequenceReplay
 from jaxwm.envs import acting
 from jaxwm.envs.stats import episode_metrics
 from jaxwm.envs.types import StepResult
+from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import Algorithm, Hook
 from jaxwm.media import Video
 from jaxwm.models import nextframe
@@ -63,9 +64,19 @@ from jaxwm.nets.actor_critic import validate as validate_network
 from jaxwm.ops import reward_balance
 from jaxwm.scores import ATARI_RANDOM_HUMAN, atari_game
 
-CAPABILITIES = Capabilities(actions=("discrete",), observations=("pixels",), cannot={
-    "seeds": "its replay keeps every frame of the run, and several copies rarely fit",
-    "processes": NO_PROCESSES, "async_pool": NO_ASYNC_POOL})
+
+def device_batches(config) -> dict[str, int]:
+    s, p = config.simple, config.ppo
+    return {"simple.batch_size": s.batch_size, "simple.reward_batch_size": s.reward_batch_size,
+            "simple.sim.num_agents": s.sim.num_agents,
+            "a PPO minibatch (simple.sim.num_agents * ppo.num_steps / ppo.num_minibatches)":
+                s.sim.num_agents * p.num_steps // p.num_minibatches}
+
+
+# Seeds: each keeps its own replay of every frame (2.6 GB at full size), so several fit on a
+# large host or accelerator; the tiny config runs them anywhere.
+CAPABILITIES = Capabilities(actions=("discrete",), observations=("pixels",),
+                            device_batches=device_batches)
 CHANNELS = 3  # RGB
 
 
@@ -260,6 +271,49 @@ def scheduled_epsilon(step, decay_steps: int):
     return 1.0 - warm * progress
 
 
+# ----------------------------------------------------------------------------- the model
+
+
+def make_apply(net: nextframe.NextFramePredictor, num_actions: int):
+    """``apply(params, stack_u8 [B, H, W, F * 3], action [B], key, target_u8=None, epsilon=0,
+    train=False, features_only=False, reward_train=False)``: the network on uint8 frames and
+    integer actions (``NextFramePredictor``'s outputs)."""
+
+    def apply(params, stack_u8, action, key, target_u8=None, epsilon=0.0, train=False,
+              features_only=False, reward_train=False):
+        k_drop, k_latent = jax.random.split(key)
+        target = None if target_u8 is None else target_u8.astype(jnp.float32) / 255.0
+        return net.apply(params, stack_u8.astype(jnp.float32) / 255.0,
+                         jax.nn.one_hot(action, num_actions), target, epsilon, train,
+                         reward_features_only=features_only, reward_train=reward_train,
+                         rngs={"dropout": k_drop, "latent": k_latent})
+
+    return apply
+
+
+def simulator_step(apply, frame_mode: str = "argmax"):
+    """The learned simulator as an env step for ``acting.sync``: ``step(params, (stack [n, F *
+    3, H, W] uint8, key), action [n]) -> ((stack, key), StepResult)``. The next frame is the
+    argmax of each pixel's 256 classes (or a sample, ``frame_mode="sample"``), the reward the
+    reward head's class minus 1; episodes never end (PPO bootstraps at the rollout's end)."""
+
+    def step(params, env_state, action):
+        stack, key = env_state
+        key, k_model, k_frame = jax.random.split(key, 3)
+        logits, reward_logits, _, _ = apply(params, to_hwc(stack), action, k_model)
+        if frame_mode == "sample":
+            frame = jax.random.categorical(k_frame, logits).astype(jnp.uint8)
+        else:
+            frame = jnp.argmax(logits, -1).astype(jnp.uint8)
+        stack = jnp.concatenate([stack[:, CHANNELS:], jnp.moveaxis(frame, -1, 1)], 1)
+        reward = (jnp.argmax(reward_logits, -1) - 1).astype(jnp.float32)
+        no = jnp.zeros(stack.shape[0], bool)
+        return (stack, key), StepResult(obs=stack, reward=reward, terminated=no, truncated=no,
+                                        episode_over=no, raw_reward=reward)
+
+    return step
+
+
 # ----------------------------------------------------------------------------- build
 
 
@@ -296,17 +350,16 @@ def build(config) -> Algorithm:
     agent_opt = ppo.make_optimizer(p, anneal_updates(config))
     policy = ppo.policy(network, hyper)
     ppo_finish = ppo.make_finish(network, hyper)
-    ppo_update = ppo.make_update(network, hyper, agent_opt, ppo.resolve_loop_form(p.loop_form))
+    # Data parallel as Dreamer: parameters, optimisers and the replay replicated over the
+    # mesh; every batch (world-model windows, reward samples, simulated agents) split over its
+    # ``data`` axis. The real envs act on the process's first device (``acting.Actor``).
+    mesh = parallel.data_mesh(config.num_devices or None)
+    split = partial(parallel.constrain_batch, mesh=mesh)
+    ppo_update = ppo.make_update(network, hyper, agent_opt, ppo.resolve_loop_form(p.loop_form),
+                                 mesh)
     n_agents = s.sim.num_agents
 
-    def apply(params, stack_u8, action, key, target_u8=None, epsilon=0.0, train=False,
-              features_only=False, reward_train=False):
-        k_drop, k_latent = jax.random.split(key)
-        target = None if target_u8 is None else target_u8.astype(jnp.float32) / 255.0
-        return net.apply(params, stack_u8.astype(jnp.float32) / 255.0,
-                         jax.nn.one_hot(action, num_actions), target, epsilon, train,
-                         reward_features_only=features_only, reward_train=reward_train,
-                         rngs={"dropout": k_drop, "latent": k_latent})
+    apply = make_apply(net, num_actions)
 
     # ---- real env: PPO's policy records into the replay (random during the first phase)
 
@@ -320,12 +373,14 @@ def build(config) -> Algorithm:
         return final.carry, ((records,), episode_metrics(completed))
 
     collect_policy = acting.without_extras(policy)
-    actor = acting.Actor(env, collect_policy, s.collect_steps, finish=record,
-                         warmup_transitions=s.random_steps)
+    num_seeds = config.num_seeds
+    over_seeds = partial(seeds.vmap, num_seeds=num_seeds)
+    actor = acting.Actor(env, collect_policy, s.collect_steps, mesh=mesh, groups=num_seeds,
+                         finish=record, warmup_transitions=s.random_steps)
     capacity = s.random_steps + s.epochs * s.collect_per_epoch
 
-    def init(key):
-        k_model, k_agent, k_act = jax.random.split(key, 3)
+    def init_one(key):
+        k_model, k_agent = jax.random.split(key)
         stack = jnp.zeros((1, height, width, frames * CHANNELS))
         params = net.init({"params": k_model, "dropout": k_model, "latent": k_model}, stack,
                           jnp.zeros((1, num_actions)), jnp.zeros((1, height, width, CHANNELS)),
@@ -338,9 +393,13 @@ def build(config) -> Algorithm:
                    "is_first": jnp.zeros((), bool), "done": jnp.zeros((), bool),
                    "value": jnp.zeros(()), "value_known": jnp.zeros((), bool)}
         replay = SequenceReplay.create(capacity, example, config.env.num_envs)
+        return model, agent, replay
+
+    def init(key):
+        model, agent, replay = parallel.replicate(over_seeds(init_one)(key), mesh)
         return SimPLeState(model, agent, replay, actor.init(agent))
 
-    fill = backend.jit(partial(fill_values, gamma=s.value_gamma), donate_argnums=0)
+    fill = backend.jit(over_seeds(partial(fill_values, gamma=s.value_gamma)), donate_argnums=0)
 
     def collect_hook(state, data, key):
         del data
@@ -384,7 +443,7 @@ def build(config) -> Algorithm:
 
     def train_model(model: ModelLearner, replay: SequenceReplay, key):
         k_window, k_noise, k_steps = jax.random.split(key, 3)
-        w = replay.sample(k_window, s.batch_size, window)
+        w = split(replay.sample(k_window, s.batch_size, window))
         stack = median_noise(k_noise, initial_stack(w), s.input_noise)
         acting_rows = slice(frames - 1, window - 1)
         valid = jnp.cumprod(~w["done"][:, acting_rows], axis=1).astype(bool)
@@ -417,7 +476,7 @@ def build(config) -> Algorithm:
                               updates=model.updates + s.rollout_length)
         return model, {**jax.tree.map(jnp.mean, metrics), "model/epsilon": epsilon}
 
-    _train_model = backend.jit(train_model, donate_argnums=0)
+    _train_model = backend.jit(over_seeds(train_model), donate_argnums=0)
 
     def update_model_hook(state, data, key):
         del data
@@ -450,8 +509,8 @@ def build(config) -> Algorithm:
             params, opt_state = carry
             k_idx, k_fwd = jax.random.split(key)
             index = jax.random.categorical(k_idx, logits_w, shape=(s.reward_batch_size,))
-            stack, action = sample_stacks(replay, index)
-            label = classes.reshape(-1)[index]
+            stack, action, label = split((*sample_stacks(replay, index),
+                                          classes.reshape(-1)[index]))
 
             def loss_fn(params):
                 _, logits, _, _ = apply(params, to_hwc(stack), action, k_fwd,
@@ -468,9 +527,13 @@ def build(config) -> Algorithm:
             jax.random.split(key, s.reward_steps_per_call))
         model = model.replace(params=params, reward_opt_state=opt_state,
                               reward_updates=model.reward_updates + s.reward_steps_per_call)
-        return model, {**jax.tree.map(jnp.mean, metrics), "reward/stage": stage}
+        # Every strategy takes all three classes; with one class seen so far, balancing
+        # degenerates to uniform sampling, which this metric makes visible.
+        seen = jnp.sum(reward_balance.class_counts(classes, valid) > 0)
+        return model, {**jax.tree.map(jnp.mean, metrics), "reward/stage": stage,
+                       "reward/classes_seen": seen}
 
-    _train_reward = backend.jit(train_reward, donate_argnums=0)
+    _train_reward = backend.jit(over_seeds(train_reward), donate_argnums=0)
 
     def update_reward_hook(state, data, key):
         del data
@@ -479,36 +542,23 @@ def build(config) -> Algorithm:
 
     # ---- the learned simulator and PPO inside it
 
-    def sim_step(params, env_state, action):
-        stack, key = env_state
-        key, k_model, k_frame = jax.random.split(key, 3)
-        logits, reward_logits, _, _ = apply(params, to_hwc(stack), action, k_model)
-        if s.frame_mode == "sample":
-            frame = jax.random.categorical(k_frame, logits).astype(jnp.uint8)
-        else:
-            frame = jnp.argmax(logits, -1).astype(jnp.uint8)
-        stack = jnp.concatenate([stack[:, CHANNELS:], jnp.moveaxis(frame, -1, 1)], 1)
-        reward = (jnp.argmax(reward_logits, -1) - 1).astype(jnp.float32)
-        no = jnp.zeros(stack.shape[0], bool)
-        return (stack, key), StepResult(obs=stack, reward=reward, terminated=no, truncated=no,
-                                        episode_over=no, raw_reward=reward)
+    sim_step = simulator_step(apply, s.frame_mode)
 
     def start_stacks(replay, key):
-        """Real frame stacks to start the simulated agents from: uniformly among the steps
-        of finished episodes, agent 0 at an episode's first frame."""
+        """Real frame stacks to start the simulated agents from: uniformly among the buffer's
+        executed steps, agent 0 at an episode's first frame (any step while none is in)."""
         valid, _, _ = transitions(replay)
-        known = replay.data["value_known"] & valid
+        firsts = valid & replay.data["is_first"]
+        firsts = jnp.where(jnp.any(firsts), firsts, valid)
         k_any, k_first = jax.random.split(key)
-        anywhere = jax.random.categorical(k_any, jnp.log(known.reshape(-1).astype(
-            jnp.float32)), shape=(n_agents,))
-        first = jax.random.categorical(k_first, jnp.log((known & replay.data["is_first"])
-                                                        .reshape(-1).astype(jnp.float32)))
-        index = anywhere.at[0].set(first)
+        logits = lambda mask: jnp.log(mask.reshape(-1).astype(jnp.float32))  # noqa: E731
+        index = jax.random.categorical(k_any, logits(valid), shape=(n_agents,))
+        index = index.at[0].set(jax.random.categorical(k_first, logits(firsts)))
         return sample_stacks(replay, index)[0]
 
     def train_agent(agent: ppo.Learner, params, replay, key):
         k_start, k_sim, k_roll, k_update = jax.random.split(key, 4)
-        stack = start_stacks(replay, k_start)
+        stack = split(start_stacks(replay, k_start))
         env_step = acting.sync(partial(sim_step, params))
         no = jnp.zeros(n_agents, bool)
         first = StepResult(obs=stack, reward=jnp.zeros(n_agents), terminated=no, truncated=no,
@@ -525,7 +575,7 @@ def build(config) -> Algorithm:
                        "sim/rollout_return": jnp.mean(jnp.sum(rewards, 0)),
                        "sim/rewarded_steps": jnp.mean(rewards != 0)}
 
-    _train_agent = backend.jit(train_agent, donate_argnums=0)
+    _train_agent = backend.jit(over_seeds(train_agent), donate_argnums=0)
 
     def update_agent_hook(state, data, key):
         del data
@@ -567,7 +617,13 @@ def build(config) -> Algorithm:
             "model/report_video": Video(jnp.concatenate([predicted[0], targets[0]], 2),
                                         fps=8)}
 
-    _report = backend.jit(report)
+    @backend.jit
+    def _report(params, replay, key):
+        metrics = over_seeds(report)(params, replay, key)
+        if num_seeds > 1:  # one video (seed 0's); the numbers per seed
+            metrics = {k: jax.tree.map(lambda x: x[0], v) if isinstance(v, Video) else v
+                       for k, v in metrics.items()}
+        return metrics
 
     def report_hook(state, data, key):
         del data

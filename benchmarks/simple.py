@@ -1,0 +1,259 @@
+"""SimPLe / MBARC throughput: world-model training and the simulated rollout, at the full size
+(MBARC's ~69M parameters, 105x80 RGB) and the tiny one.
+
+Rows, per model size (``--sizes``):
+
+* ``update_model``: the hook as training calls it, one 50-step training rollout at batch 4 with
+  one Adafactor step per rollout step (50 optimiser steps): seconds per optimiser step and
+  predicted frames/s (batch x steps / time). MBARC's ``train_world_model`` does the same work
+  per optimiser step.
+* ``conv_rate``: the same optimiser step's FLOPs (XLA's cost analysis of the loss and its
+  gradient, one step under plain jit) over its time, in the training rollout's ``lax.scan``
+  and alone under plain jit (XLA:CPU's rate for exactly these convolution shapes, without a
+  loop around them); the ratio is the share of that rate the training loop reaches.
+* ``sim_rollout``: 16 agents x 50 steps in the learned simulator with PPO's policy acting
+  (``acting.rollout`` over ``simple.simulator_step``), one jitted call; ``update_agent`` adds
+  PPO's update on it (the hook as training calls it).
+
+Compile time (the first call) is reported apart; steady state is the median of ``--repeats``
+calls. The peer is MBARC's own code on the same host, run between jaxwm's measurements when
+``--mbarc-command`` is given: a command that prints one JSON line with ``train_step_s``
+(seconds per optimiser step at batch 4), ``forward16_s`` and ``sim_rollout_16x50_s``
+(its SubprocVecEnv simulated env + policy loop), run at the same thread count as jaxwm
+(benchmarks/README.md, "SimPLe", says how to set it up; the reference code is never committed).
+Without it the figures of benchmarks/REFERENCES.md are quoted.
+
+    python benchmarks/simple.py --quick                    # tiny only (~1 min)
+    python benchmarks/simple.py                            # tiny and full (~15 min on 2 cores)
+    python benchmarks/simple.py --mbarc-command "$VENV/bin/python bench_mbarc.py --threads 2"
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import optax
+from common import block, hardware, median, parser, peak_memory, write_results
+
+from jaxwm import backend
+from jaxwm.agents import ppo
+from jaxwm.algos import simple
+from jaxwm.config import load
+from jaxwm.envs import acting
+from jaxwm.envs.types import StepResult
+from jaxwm.models import nextframe
+from jaxwm.nets.actor_critic import make_actor_critic
+
+# MBARC PyTorch, one thread, this machine class (benchmarks/REFERENCES.md).
+MBARC_TRAIN_STEP_S = 3.3
+
+
+def build(size: str):
+    overrides = {"simple.model_size": size, "simple.epochs": 1, "log.progress": False,
+                 "simple.random_steps": 800, "simple.collect_per_epoch": 800,
+                 "phase_order": ("random", "epoch_00")}
+    config = load("configs/simple.py:atari100k", overrides)
+    config.phases.random.duration = 800
+    return config, simple.build(config)
+
+
+def timed_calls(fn, repeats: int):
+    start = time.perf_counter()
+    block(fn())
+    compile_s = time.perf_counter() - start
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        block(fn())
+        samples.append(time.perf_counter() - start)
+    return compile_s, samples
+
+
+def measure(size: str, repeats: int) -> list[dict]:
+    config, algo = build(size)
+    s = config.simple
+    try:
+        key = jax.random.key(0)
+        state = algo.init(key)
+        for i in range(8):  # 800 random real steps
+            state, _, _ = algo.hooks["collect"].fn(state, {}, jax.random.fold_in(key, i))
+        holder = {"state": state, "i": 0}
+
+        def call(hook):
+            holder["i"] += 1
+            holder["state"], _, metrics = algo.hooks[hook].fn(
+                holder["state"], {}, jax.random.fold_in(key, 1000 + holder["i"]))
+            return holder["state"], metrics
+
+        rows = []
+        compile_s, samples = timed_calls(partial(call, "update_model"), repeats)
+        per_step = median(samples) / s.rollout_length
+        rows.append({"size": size, "what": "update_model (50 steps, batch 4)",
+                     "s_per_call": median(samples), "s_per_optimizer_step": per_step,
+                     "frames_per_s": s.batch_size / per_step, "compile_s": compile_s,
+                     "samples_s": samples})
+        rows.append(conv_rate(config, holder["state"], per_step, repeats))
+        rows.append(sim_rollout(config, holder["state"], repeats))
+        compile_s, samples = timed_calls(partial(call, "update_agent"), repeats)
+        rows.append({"size": size, "what": "update_agent (16 x 50 sim steps + PPO update)",
+                     "s_per_call": median(samples), "compile_s": compile_s,
+                     "sim_steps_per_s": s.sim.num_agents * config.ppo.num_steps
+                     / median(samples), "samples_s": samples})
+        mib, label = peak_memory()
+        for row in rows:
+            row["peak_mib"], row["memory"] = mib, label
+        return rows
+    finally:
+        algo.close()
+
+
+def conv_rate(config, state, scan_step_s: float, repeats: int) -> dict:
+    """FLOPs of one world-model optimiser step (loss, gradient, Adafactor) and their rate alone
+    under plain jit, against the rate inside the training rollout."""
+    s = config.simple
+    net = nextframe.NextFramePredictor(nextframe.SIZES[s.model_size], s.reward_head,
+                                       s.stochastic, detach_reward=s.strategy != "online")
+    apply = simple.make_apply(net, 3)
+    optimizer = simple.adafactor()
+    height, width = config.env.img_height, config.env.img_width
+    stack = jnp.zeros((s.batch_size, height, width, 12), jnp.uint8)
+    target = jnp.zeros((s.batch_size, height, width, 3), jnp.uint8)
+    action = jnp.zeros((s.batch_size,), jnp.int32)
+    params = state.model.params
+
+    def step(params, opt_state, key):
+        def loss(params):
+            logits, _, value, lstm = apply(params, stack, action, key, target, 0.0, train=True)
+            return jnp.mean(nextframe.pixel_loss(logits, target)) + jnp.mean(value ** 2) + lstm
+        grads = jax.grad(loss)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    opt_state = optimizer.init(params)
+    jitted = backend.jit(step)
+    compiled = jitted.lower(params, opt_state, jax.random.key(0)).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    flops = float(cost.get("flops", float("nan")))
+    holder = {"p": params, "o": opt_state}
+
+    def run():
+        holder["p"], holder["o"] = compiled(holder["p"], holder["o"], jax.random.key(1))
+        return holder["p"]
+
+    _, samples = timed_calls(run, repeats)
+    alone = median(samples)
+    return {"size": s.model_size, "what": "conv_rate (one optimiser step)",
+            "gflop_per_step": flops / 1e9, "s_alone": alone, "gflops_alone": flops / alone / 1e9,
+            "gflops_in_scan": flops / scan_step_s / 1e9, "scan_vs_alone": alone / scan_step_s}
+
+
+def sim_rollout(config, state, repeats: int) -> dict:
+    """16 agents x 50 steps of PPO acting in the learned simulator, one jitted call."""
+    s, p = config.simple, config.ppo
+    net = nextframe.NextFramePredictor(nextframe.SIZES[s.model_size], s.reward_head,
+                                       s.stochastic)
+    step = simple.simulator_step(simple.make_apply(net, 3), s.frame_mode)
+    network = make_actor_critic(_spec(config), config.network)
+    policy = ppo.policy(network, ppo.PPOHyper.from_config(p, recurrent=False))
+    n = s.sim.num_agents
+    height, width = config.env.img_height, config.env.img_width
+
+    @backend.jit
+    def rollout(params, agent, key):
+        k_stack, k_sim, k_roll = jax.random.split(key, 3)
+        stack = jax.random.randint(k_stack, (n, 12, height, width), 0, 256).astype(jnp.uint8)
+        no = jnp.zeros(n, bool)
+        first = StepResult(obs=stack, reward=jnp.zeros(n), terminated=no, truncated=no,
+                           episode_over=no, raw_reward=jnp.zeros(n))
+        start = acting.ActorState.start(first, policy.init_carry(agent, n), n)
+        _, _, steps, _ = acting.rollout(policy, acting.sync(partial(step, params)), agent,
+                                        start, (stack, k_sim), k_roll, p.num_steps)
+        return steps.reward
+
+    counter = {"i": 0}
+
+    def run():
+        counter["i"] += 1
+        return rollout(state.model.params, state.agent, jax.random.key(counter["i"]))
+
+    compile_s, samples = timed_calls(run, repeats)
+    return {"size": s.model_size, "what": f"sim_rollout ({n} x {p.num_steps}, PPO acting)",
+            "s_per_call": median(samples), "compile_s": compile_s,
+            "sim_steps_per_s": n * p.num_steps / median(samples), "samples_s": samples}
+
+
+def _spec(config):
+    from jaxwm.envs import make_env
+    env = make_env(config.env, num_envs=1, seed=0)
+    try:
+        return env.spec
+    finally:
+        env.close()
+
+
+def run_mbarc(command: str) -> dict:
+    out = subprocess.run(command, shell=True, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = parser(__doc__, repeats=3)
+    p.add_argument("--sizes", default="tiny,full", help="comma-separated model sizes")
+    p.add_argument("--mbarc-command", default="",
+                   help="a command printing MBARC's timings as one JSON line (see the docstring)")
+    args = p.parse_args()
+    sizes = args.sizes.split(",")
+    if args.quick:
+        args.repeats, sizes = 1, ["tiny"]
+    rows, peers = [], []
+    for size in sizes:
+        if args.mbarc_command and size == "full":  # interleaved: peer, jaxwm, peer
+            peers.append(run_mbarc(args.mbarc_command))
+        rows += measure(size, args.repeats)
+    if args.mbarc_command and "full" in sizes:
+        peers.append(run_mbarc(args.mbarc_command))
+    hw = hardware()
+    notes = [
+        "s_per_optimizer_step: the update_model hook (50-step rollout, batch 4, one Adafactor "
+        f"step per step) over 50, median of {args.repeats} calls; compile_s: the first call.",
+        "conv_rate: FLOPs of one optimiser step from XLA's cost analysis; gflops_alone: that step"
+        " under plain jit (XLA:CPU's rate for these shapes); scan_vs_alone: the training "
+        "rollout's rate as a share of it (goal >= 0.7).",
+        "peak_mib: " + rows[0]["memory"] + " (on CPU the whole process, host side).",
+    ]
+    full = {r["what"].split(" ")[0]: r for r in rows if r["size"] == "full"}
+    if full:
+        train = full["update_model"]["s_per_optimizer_step"]
+        if peers:
+            peer_train = median([x["train_step_s"] for x in peers])
+            peer_sim = median([x["sim_rollout_16x50_s"] for x in peers])
+            threads = peers[0].get("threads")
+            notes.append(
+                f"MBARC PyTorch on this host ({threads} thread(s), {len(peers)} runs interleaved "
+                f"with jaxwm's): {peer_train:.3g} s per training step at batch 4, "
+                f"{peer_sim:.3g} s per 16 x 50 simulated rollout with its policy.")
+        else:
+            peer_train, peer_sim = MBARC_TRAIN_STEP_S, None
+            notes.append(f"MBARC PyTorch, one thread, this machine class (benchmarks/"
+                         f"REFERENCES.md): {peer_train} s per training step at batch 4.")
+        notes.append(f"World-model training: {peer_train / train:.2f}x MBARC's rate (goal >= 1x);"
+                     f" the training loop reaches {full['conv_rate']['scan_vs_alone']:.0%} of "
+                     "this machine's rate for its shapes (goal >= 70%).")
+        if peer_sim:
+            sim = full["sim_rollout"]["s_per_call"]
+            notes.append(f"Simulated rollout (16 x 50 with PPO acting): {peer_sim / sim:.2f}x "
+                         "MBARC's simulated env + policy loop (goal >= 3x).")
+    columns = ["size", "what", "s_per_call", "s_per_optimizer_step", "frames_per_s",
+               "sim_steps_per_s", "gflop_per_step", "gflops_alone", "gflops_in_scan",
+               "scan_vs_alone", "compile_s", "peak_mib"]
+    write_results("simple", rows, hw, notes, columns=columns, quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()
