@@ -20,12 +20,13 @@ calls. The peer is MBARC's own code on the same host, run between jaxwm's measur
 ``--mbarc-command`` is given: a command that prints one JSON line with ``train_step_s``
 (seconds per optimiser step at batch 4), ``forward16_s`` and ``sim_rollout_16x50_s``
 (its SubprocVecEnv simulated env + policy loop), run at the same thread count as jaxwm
-(benchmarks/README.md, "SimPLe", says how to set it up; the reference code is never committed).
+(``benchmarks/peers/mbarc_torch.py`` is that command; the reference code is never committed).
 Without it the figures of benchmarks/REFERENCES.md are quoted.
 
     python benchmarks/simple.py --quick                    # tiny only (~1 min)
     python benchmarks/simple.py                            # tiny and full (~15 min on 2 cores)
-    python benchmarks/simple.py --mbarc-command "$VENV/bin/python bench_mbarc.py --threads 2"
+    python benchmarks/simple.py --mbarc-command \
+        "$VENV/bin/python benchmarks/peers/mbarc_torch.py --src ../mbarc_atari --threads 2"
 """
 
 from __future__ import annotations
@@ -51,12 +52,15 @@ from jaxwm.nets.actor_critic import make_actor_critic
 
 # MBARC PyTorch, one thread, this machine class (benchmarks/REFERENCES.md).
 MBARC_TRAIN_STEP_S = 3.3
+FULL_ROLLOUT = 5  # training-rollout steps per timed update_model call at full size
 
 
 def build(size: str):
     overrides = {"simple.model_size": size, "simple.epochs": 1, "log.progress": False,
                  "simple.random_steps": 800, "simple.collect_per_epoch": 800,
                  "phase_order": ("random", "epoch_00")}
+    if size == "full":  # the same step, fewer of them per timed call (seconds each on a CPU)
+        overrides["simple.rollout_length"] = FULL_ROLLOUT
     config = load("configs/simple.py:atari100k", overrides)
     config.phases.random.duration = 800
     return config, simple.build(config)
@@ -93,7 +97,7 @@ def measure(size: str, repeats: int) -> list[dict]:
         rows = []
         compile_s, samples = timed_calls(partial(call, "update_model"), repeats)
         per_step = median(samples) / s.rollout_length
-        rows.append({"size": size, "what": "update_model (50 steps, batch 4)",
+        rows.append({"size": size, "what": f"update_model ({s.rollout_length} steps, batch 4)",
                      "s_per_call": median(samples), "s_per_optimizer_step": per_step,
                      "frames_per_s": s.batch_size / per_step, "compile_s": compile_s,
                      "samples_s": samples})
@@ -220,8 +224,10 @@ def main() -> None:
         peers.append(run_mbarc(args.mbarc_command))
     hw = hardware()
     notes = [
-        "s_per_optimizer_step: the update_model hook (50-step rollout, batch 4, one Adafactor "
-        f"step per step) over 50, median of {args.repeats} calls; compile_s: the first call.",
+        "s_per_optimizer_step: the update_model hook (a training rollout at batch 4, one "
+        "Adafactor step per step; 50 steps per call at tiny size, "
+        f"{FULL_ROLLOUT} at full size, where each step takes seconds) over its steps, median of "
+        f"{args.repeats} calls; compile_s: the first call.",
         "conv_rate: FLOPs of one optimiser step from XLA's cost analysis; gflops_alone: that step"
         " under plain jit (XLA:CPU's rate for these shapes); scan_vs_alone: the training "
         "rollout's rate as a share of it (goal >= 0.7).",

@@ -1,6 +1,6 @@
 """SimPLe / MBARC (jaxwm/algos/simple.py). Launch:
 
-python -m jaxwm.train --config=configs/simple.py:tiny           # minutes on a CPU, same code path
+python -m jaxwm.train --config=configs/simple.py:tiny           # every hook and phase in ~1 min on a CPU
 python -m jaxwm.train --config=configs/simple.py:atari100k --config.env.id=Freeway-v5 --config.strategy=mbarc
 python -m jaxwm.train --config=configs/simple.py:atari100k --config.env.id=Pong-v5 \
     --config.strategy=online --config.stochastic=False
@@ -93,19 +93,20 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
     c.log.x_axis = "env_steps"
     c.checkpoint.every = "15000 model_updates, 20000 agent_updates"
 
-    if variant == "tiny":  # every hook and phase in a few minutes on a CPU
+    if variant == "tiny":  # every hook and phase in a minute on a CPU; the deterministic model
+        # (--config.stochastic=True adds the latent; tests/test_simple.py covers it)
         c.env.id = "Pong-v5"
-        c.env.update(img_height=52, img_width=40, num_envs=2)
+        c.env.update(img_height=44, img_width=36, num_envs=2)
         c.simple = simple_block(
-            model_size="tiny", random_steps=32, collect_per_epoch=32, collect_steps=8,
-            epochs=2, batch_size=4, rollout_length=4, model_steps_first=8, model_steps=4,
+            model_size="tiny", stochastic=False, random_steps=32, collect_per_epoch=32, collect_steps=8,
+            epochs=1, batch_size=4, rollout_length=4, model_steps_first=8, model_steps=4,
             scheduled_sampling_steps=8,
             reward_steps=dict(class_balanced=4, square_root=4, progressively_balanced=4,
                               mbarc=4),
             reward_steps_per_call=2, reward_batch_size=4, balance_stages=4,
             agent_iterations=2, sim={"num_agents": 4},
             report_length=4, report_batch=2, evaluate_each_epoch=False)
-        c.simple.agent_multipliers = ml_collections.ConfigDict({"1": 2})
+        c.simple.agent_multipliers = ml_collections.ConfigDict({"0": 2})
         c.ppo = ppo_block(num_steps=4, learning_rate=1e-4, anneal_lr=False, clip_coef=0.1,
                           num_minibatches=2, update_epochs=1)
         c.eval.num_envs = c.eval.num_episodes = 1

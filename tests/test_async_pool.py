@@ -129,6 +129,7 @@ def test_bad_async_settings_stop_before_anything_is_built(config, message):
     assert message in str(error.value)
 
 
+@pytest.mark.slow  # a learning test (~25 s)
 def test_ppo_solves_cartpole_through_an_async_pool_overlapped_with_the_update(tmp_path):
     """16 envs, batches of 8, and the next rollout collected while the update runs: both
     kinds of asynchrony at once. Which envs each batch holds depends on thread timing, so runs

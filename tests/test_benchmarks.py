@@ -18,7 +18,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
-SCRIPTS = ("ab", "backbones", "conv_grad", "dreamer", "offline", "ppo_throughput", "seeds")
+SCRIPTS = ("ab", "backbones", "conv_grad", "dreamer", "offline", "ppo_throughput", "seeds", "simple")
 
 
 @pytest.fixture(scope="module")

@@ -168,6 +168,7 @@ def test_write_refuses_to_overwrite(tmp_path):
     assert load_dataset(path).metadata["env_id"] == "Hopper-v4"  # untouched
 
 
+@pytest.mark.slow  # ~1 min: SAC trains the medium level
 def test_make_dataset_random_and_medium_replay_on_pendulum(tmp_path, capsys):
     out = tmp_path / "pendulum-random.hdf5"
     assert make_dataset.main(["--env=Pendulum-v1", "--level=random", f"--out={out}",

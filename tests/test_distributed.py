@@ -124,6 +124,7 @@ def _train(workdir, num_processes, *overrides):
     return _launch(args, num_processes, devices_per_process=2)
 
 
+@pytest.mark.slow  # ~1 min: two processes start, train, resume
 def test_two_process_run_logs_once_resumes_and_refuses_another_process_count(tmp_path):
     workdir = tmp_path / "run"
     short = ("--config.total_env_steps=2048", "--config.ppo.anneal_env_steps=200192",

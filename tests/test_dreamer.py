@@ -131,6 +131,7 @@ def test_size1m_cartpole_reaches_400_within_50k_steps(tmp_path):
     assert summary["eval/episodic_return"] >= 400, summary["eval/episodic_return"]
 
 
+@pytest.mark.slow  # ~1 min: 64x64 pixels, every hook
 def test_pixels_run_end_to_end_and_write_open_loop_videos(tmp_path):
     """64x64 RGB Pong with the atari100k env settings at debug sizes: uint8 replay, the
     convolutional encoder and decoder, and the open-loop GIF."""

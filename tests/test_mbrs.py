@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import jaxwm.config
 from jaxwm import train
@@ -88,6 +89,7 @@ def test_loop_runs_every_model_phase(tmp_path):
     assert random[0] == 1.0 and random[-1] == 0.0  # random in warmup, planning after
 
 
+@pytest.mark.slow  # a learning test (~30 s)
 def test_learned_model_and_planner_beat_baselines_on_pendulum(tmp_path):
     """After 4k env steps (the first 2k random): the model's one-step MSE on fresh
     transitions under 1% of the zero-delta baseline's, and planning with it above -900 (the

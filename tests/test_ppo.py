@@ -64,6 +64,7 @@ def test_async_collection_acts_with_the_parameters_from_before_the_last_update()
         np.testing.assert_array_equal(getattr(rollouts[True], name), getattr(rollouts[False], name))
 
 
+@pytest.mark.slow  # a learning test (~20 s)
 def test_async_collection_solves_cartpole(tmp_path):
     summary = train.run(ppo_config(**{"ppo.async_collect": True}), str(tmp_path / "run"))
     assert summary["eval/episodic_return"] >= 475.0

@@ -51,11 +51,13 @@ def test_outputs_have_the_frames_shape(height, width, head):
     apply = simple.make_apply(net, 3)
     stack = jnp.zeros((2, height, width, 12), jnp.uint8)
     target = jnp.zeros((2, height, width, 3), jnp.uint8)
-    logits, reward, value, lstm = apply(params, stack, jnp.array([0, 2]), jax.random.PRNGKey(0),
-                                        target, 0.5, train=True)
+    logits, reward, value, lstm = jax.eval_shape(
+        lambda: apply(params, stack, jnp.array([0, 2]), jax.random.PRNGKey(0), target, 0.5,
+                      train=True))
     assert logits.shape == (2, height, width, 3, 256)
     assert reward.shape == (2, 3) and value.shape == (2,) and lstm.shape == ()
-    logits, *_ = apply(params, stack, jnp.array([0, 2]), jax.random.PRNGKey(0))  # LSTM bits
+    logits, *_ = jax.eval_shape(lambda: apply(params, stack, jnp.array([0, 2]),
+                                              jax.random.PRNGKey(0)))  # LSTM bits
     assert logits.shape == (2, height, width, 3, 256)
 
 
@@ -65,11 +67,11 @@ def test_dropout_only_in_training():
     apply = simple.make_apply(net, 3)
     stack = jax.random.randint(jax.random.PRNGKey(3), (2, 52, 40, 12), 0, 256).astype(jnp.uint8)
     target = stack[..., -3:]
-    test_time = [apply(params, stack, jnp.array([1, 1]), jax.random.PRNGKey(k), target)[2]
-                 for k in (4, 5)]
+    value = jax.jit(lambda key, train: apply(params, stack, jnp.array([1, 1]), key, target,
+                                              train=train)[2], static_argnums=1)
+    test_time = [value(jax.random.PRNGKey(k), False) for k in (4, 5)]
     np.testing.assert_allclose(test_time[0], test_time[1])  # value: no dropout, no latent
-    trained = [apply(params, stack, jnp.array([1, 1]), jax.random.PRNGKey(k), target,
-                     train=True)[2] for k in (4, 5)]
+    trained = [value(jax.random.PRNGKey(k), True) for k in (4, 5)]
     assert not np.allclose(trained[0], trained[1])
 
 
@@ -84,14 +86,19 @@ def test_one_update_lowers_the_pixel_loss_on_a_fixed_batch():
     optimizer = simple.adafactor()
     opt_state = optimizer.init(params)
 
+    @jax.jit
     def loss(params):
         logits, *_ = apply(params, stack, action, key, target, 0.0)
         return jnp.mean(nextframe.pixel_loss(logits, target))
 
+    @jax.jit
+    def update(params, opt_state):
+        updates, opt_state = optimizer.update(jax.grad(loss)(params), opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
     before = loss(params)
     for _ in range(3):
-        updates, opt_state = optimizer.update(jax.grad(loss)(params), opt_state, params)
-        params = optax.apply_updates(params, updates)
+        params, opt_state = update(params, opt_state)
     assert loss(params) < before - 0.05
 
 

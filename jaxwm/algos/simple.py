@@ -174,9 +174,12 @@ def validate(config) -> None:
         ((s.sim.num_agents * config.ppo.num_steps) % config.ppo.num_minibatches == 0,
          f"ppo.num_minibatches={config.ppo.num_minibatches} must divide simple.sim.num_agents"
          f" * ppo.num_steps = {s.sim.num_agents * config.ppo.num_steps}."),
-        (s.report_length + s.frames <= s.collect_per_epoch // config.env.num_envs,
-         f"simple.report_length={s.report_length} + frames must fit in one epoch's steps per "
-         f"env ({s.collect_per_epoch // config.env.num_envs})."),
+        (-(-s.report_batch // config.env.num_envs) * (s.report_length + s.frames)
+         <= s.collect_per_epoch // config.env.num_envs,
+         f"simple.report_batch={s.report_batch} windows of report_length={s.report_length} + "
+         f"{s.frames} frames must fit in one epoch's new steps of the "
+         f"{config.env.num_envs} env(s) ({s.collect_per_epoch // config.env.num_envs} each): "
+         "the report is on data the model has not trained on."),
     ])
     expected = phase_names(s.epochs)
     if tuple(config.phase_order) != expected:
@@ -191,6 +194,10 @@ def validate_env(config, spec) -> None:
         raise ConfigError(f"{spec.env_id}: observations {spec.obs_shape}; SimPLe needs "
                           f"{frames} RGB frames stacked ({frames * CHANNELS} channels).")
     height, width = spec.obs_shape[1:]
+    if config.network.encoder in ("nature_cnn", "auto") and min(height, width) < 36:
+        raise ConfigError(f"{height}x{width} frames are too small for the policy's Nature CNN "
+                          "(8/4, 4/2, 3/1 convolutions need 36 pixels a side): set "
+                          "env.img_height and env.img_width to 36 or more.")
     if min(height, width) >> size.compress_steps < 1:
         raise ConfigError(f"{height}x{width} frames are too small for {size.compress_steps} "
                           f"stride-2 steps of model_size={config.simple.model_size!r}.")
@@ -585,12 +592,14 @@ def build(config) -> Algorithm:
     # ---- what the world model has learned, on data it has not trained on yet
 
     def report(params, replay, key):
-        length = s.report_length
-        steps = frames + length
-        start = jnp.maximum(replay.size - steps, 0)  # the newest steps of each env
-        rows = start + jnp.arange(steps)
-        w = jax.tree.map(lambda x: jnp.swapaxes(x[rows][:, :s.report_batch], 0, 1),
-                         replay.data)
+        steps = frames + s.report_length
+        # Back-to-back windows over the newest steps of every env (the epoch's collection,
+        # not trained on yet), newest first, the first report_batch of them.
+        per_env = min(report_windows, replay.steps // steps)
+        starts = jnp.maximum(replay.size - steps * (1 + jnp.arange(per_env)), 0)
+        rows = starts[:, None] + jnp.arange(steps)  # [windows, steps]
+        w = jax.tree.map(lambda x: jnp.swapaxes(x[rows], 1, 2).reshape(
+            (-1, steps) + x.shape[2:])[:s.report_batch], replay.data)
         stack = initial_stack(w)
         acting_rows = slice(frames - 1, steps - 1)
         valid = jnp.cumprod(~w["done"][:, acting_rows], axis=1).astype(bool)
@@ -616,6 +625,8 @@ def build(config) -> Algorithm:
             reward_pred, w["reward"][:, frames:].astype(jnp.int32), valid) | {
             "model/report_video": Video(jnp.concatenate([predicted[0], targets[0]], 2),
                                         fps=8)}
+
+    report_windows = max(1, -(-s.report_batch // config.env.num_envs))
 
     @backend.jit
     def _report(params, replay, key):

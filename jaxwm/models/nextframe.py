@@ -142,7 +142,9 @@ class MeanAttention(nn.Module):
     @nn.compact
     def __call__(self, x):
         b, h, w, c = x.shape
-        weights = jax.nn.softmax(Conv2D(4, 1)(x).reshape(b, h * w, 4), axis=1)
+        # No bias: a softmax over positions ignores a per-head constant, so a bias would get
+        # only rounding noise as its gradient, which Adafactor's normalisation amplifies.
+        weights = jax.nn.softmax(nn.Dense(4, use_bias=False)(x).reshape(b, h * w, 4), axis=1)
         pooled = jnp.einsum("bpc,bpk->bck", x.reshape(b, h * w, c), weights) / (h * w)
         pooled = jnp.concatenate([pooled, x.mean(axis=(1, 2))[..., None]], -1)
         return nn.Dense(self.features)(pooled.reshape(b, -1))
