@@ -64,14 +64,17 @@ def test_a_balanced_strategy_finds_the_rare_reward_class_that_online_misses(tmp_
     are a small minority). The same world-model budget (1600 optimiser steps) for both; the
     reward head trains jointly (``online``, cross-entropy) or alone afterwards on
     class-balanced samples (400 steps at batch 32). Recall of the rewarded classes on 8
-    held-out windows of 24 steps must be higher with class_balanced by 0.2."""
+    held-out windows of 24 steps must be higher with class_balanced by 0.2. Measured
+    (2026-11-25, 7 min 55 s for both runs on 2 cores): online recalls 0 of either sign (it
+    predicts "no reward" everywhere), class_balanced 0.33 (negative) and 0.17 (positive): a
+    mean of 0.25, a thin margin over the threshold."""
     common = dict(collect_per_epoch=1024, **{
         "env.id": "Boxing-v5", "simple.model_steps_first": 1600,
         "simple.scheduled_sampling_steps": 800, "simple.report_length": 24,
         "simple.report_batch": 8, "simple.reward_batch_size": 32,
         "simple.reward_steps_per_call": 8})
     steps = {"class_balanced": 400, "square_root": 8, "progressively_balanced": 8, "mbarc": 8}
+    common["simple.reward_steps"] = steps
     online = run_tiny(tmp_path, **common, strategy="online")
-    balanced = run_tiny(tmp_path, **common, strategy="class_balanced",
-                        **{"simple.reward_steps": steps})
+    balanced = run_tiny(tmp_path, **common, strategy="class_balanced")
     assert rare_recall(balanced) > rare_recall(online) + 0.2, (online, balanced)
