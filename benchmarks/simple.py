@@ -45,8 +45,6 @@ from jaxwm import backend
 from jaxwm.agents import ppo
 from jaxwm.algos import simple
 from jaxwm.config import load
-from jaxwm.envs import acting
-from jaxwm.envs.types import StepResult
 from jaxwm.models import nextframe
 from jaxwm.nets.actor_critic import make_actor_critic
 
@@ -172,12 +170,8 @@ def sim_rollout(config, state, repeats: int) -> dict:
     def rollout(params, agent, key):
         k_stack, k_sim, k_roll = jax.random.split(key, 3)
         stack = jax.random.randint(k_stack, (n, 12, height, width), 0, 256).astype(jnp.uint8)
-        no = jnp.zeros(n, bool)
-        first = StepResult(obs=stack, reward=jnp.zeros(n), terminated=no, truncated=no,
-                           episode_over=no, raw_reward=jnp.zeros(n))
-        start = acting.ActorState.start(first, policy.init_carry(agent, n), n)
-        _, _, steps, _ = acting.rollout(policy, acting.sync(partial(step, params)), agent,
-                                        start, (stack, k_sim), k_roll, p.num_steps)
+        _, _, steps, _ = simple.simulate(policy, step, params, agent, stack, k_sim, k_roll,
+                                         p.num_steps)
         return steps.reward
 
     counter = {"i": 0}

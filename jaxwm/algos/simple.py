@@ -321,6 +321,23 @@ def simulator_step(apply, frame_mode: str = "argmax"):
     return step
 
 
+def simulate(policy: acting.Policy, step, params, policy_params, stack, sim_key, key,
+             num_steps: int):
+    """``num_steps`` steps of ``policy`` in the learned simulator (``simulator_step``'s
+    ``step``) from the frame stacks ``stack`` [n, F * 3, H, W]: ``acting.rollout`` over
+    ``acting.sync``. Returns ``(start, final, steps, completed)``, the start and final
+    ``ActorState`` and ``rollout``'s records."""
+    n = stack.shape[0]
+    no = jnp.zeros(n, bool)
+    first = StepResult(obs=stack, reward=jnp.zeros(n), terminated=no, truncated=no,
+                       episode_over=no, raw_reward=jnp.zeros(n))
+    start = acting.ActorState.start(first, policy.init_carry(policy_params, n), n)
+    final, _, steps, completed = acting.rollout(
+        policy, acting.sync(partial(step, params)), policy_params, start, (stack, sim_key),
+        key, num_steps)
+    return start, final, steps, completed
+
+
 # ----------------------------------------------------------------------------- build
 
 
@@ -566,13 +583,8 @@ def build(config) -> Algorithm:
     def train_agent(agent: ppo.Learner, params, replay, key):
         k_start, k_sim, k_roll, k_update = jax.random.split(key, 4)
         stack = split(start_stacks(replay, k_start))
-        env_step = acting.sync(partial(sim_step, params))
-        no = jnp.zeros(n_agents, bool)
-        first = StepResult(obs=stack, reward=jnp.zeros(n_agents), terminated=no, truncated=no,
-                           episode_over=no, raw_reward=jnp.zeros(n_agents))
-        start = acting.ActorState.start(first, policy.init_carry(agent, n_agents), n_agents)
-        final, _, steps, completed = acting.rollout(policy, env_step, agent, start,
-                                                    (stack, k_sim), k_roll, p.num_steps)
+        start, final, steps, completed = simulate(policy, sim_step, params, agent, stack,
+                                                  k_sim, k_roll, p.num_steps)
         _, ((obs_rms, return_rms), rollout, _) = ppo_finish(agent, start, steps, final,
                                                             completed)
         agent = agent.replace(obs_rms=obs_rms, return_rms=return_rms)
@@ -640,7 +652,6 @@ def build(config) -> Algorithm:
         del data
         return state, {}, _report(state.model.params, state.replay, key)
 
-    model_updates_per_call = s.rollout_length
     return Algorithm(
         name="SimPLe",
         init=init,
@@ -649,7 +660,7 @@ def build(config) -> Algorithm:
                 "env_steps": config.env.num_envs * s.collect_steps}),
             "report_model": Hook(report_hook),
             "update_model": Hook(update_model_hook,
-                                 counts={"model_updates": model_updates_per_call}),
+                                 counts={"model_updates": s.rollout_length}),
             "update_reward": Hook(update_reward_hook,
                                   counts={"reward_updates": s.reward_steps_per_call}),
             "update_agent": Hook(update_agent_hook, counts={
