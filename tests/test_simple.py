@@ -123,6 +123,19 @@ def test_class_balanced_focal_loss_by_hand():
                                want, rtol=1e-4)
 
 
+def test_class_balanced_focal_loss_ignores_classes_the_game_never_produced():
+    """Freeway has no negative rewards: counts (0, 10, 1000) weigh the two classes that occur
+    exactly as a two-class problem would (normalised to sum to 2), finite everywhere."""
+    logits = jnp.log(jnp.array([[0.2, 0.3, 0.5], [0.1, 0.8, 0.1]]))
+    b = 0.9999
+    eff = np.array([(1 - b) / (1 - b ** n) for n in (10, 1000)])
+    w = 2 * eff / eff.sum()
+    want = [w[1] * 0.5 ** 2 * -math.log(0.5), w[0] * 0.2 ** 2 * -math.log(0.8)]
+    got = nextframe.class_balanced_focal(logits, jnp.array([2, 1]),
+                                         jnp.array([0.0, 10.0, 1000.0]))
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
 def test_timing_signal_and_standardisation_by_hand():
     signal = nextframe.timing_signal(3, 2, 8)  # 2 timescales: 1 and 1e-4
     np.testing.assert_allclose(signal[2, 0, :4], [math.sin(2), math.sin(2e-4), math.cos(2),
@@ -179,6 +192,19 @@ def test_class_balanced_gives_two_classes_equal_mass():
     valid = jnp.ones(10, bool)
     w = np.asarray(reward_balance.transition_weights("class_balanced", classes, valid, valid))
     assert w[classes == 1].sum() == pytest.approx(w[classes == 2].sum(), rel=1e-3)
+
+
+@pytest.mark.parametrize("strategy", reward_balance.STRATEGIES[1:])
+@pytest.mark.parametrize("classes", [[1] * 8 + [2, 2], [1] * 8 + [0, 0]],
+                         ids=["no_negative_rewards", "no_positive_rewards"])
+def test_every_strategy_takes_a_game_without_one_reward_sign(strategy, classes):
+    """Freeway never gives -1 and a losing game may never give +1: every strategy weighs the
+    classes that occur (finite, positive weights) and favours the rare one over uniform."""
+    classes, valid = jnp.array(classes), jnp.ones(10, bool)
+    w = np.asarray(reward_balance.transition_weights(strategy, classes, valid, valid,
+                                                     stage=25, stages=50))
+    assert np.all(np.isfinite(w)) and np.all(w > 0)
+    assert w[8:].sum() / w.sum() > 0.2  # uniform sampling would give the rare class 0.2
 
 
 def test_mbarc_groups_check_both_neighbours_at_every_index_and_count_negative_rewards():

@@ -360,9 +360,17 @@ def pixel_loss(logits, target_u8, clip: float = 0.03):
 def class_balanced_focal(logits, labels, counts, beta: float = 0.9999, gamma: float = 2.0):
     """Cui et al. 2019 (class-balanced loss, eq. 2 with the focal loss of Lin et al. 2017):
     per sample ``w_y (1 - p_y)^gamma (-log p_y)`` with ``w_c`` proportional to ``(1 - beta) /
-    (1 - beta^n_c)``, normalised to sum to the number of classes. Returns ``[B]``."""
-    effective = (1.0 - beta) / (1.0 - beta ** jnp.maximum(counts, 1.0))
-    weights = effective * counts.shape[0] / jnp.sum(effective)
+    (1 - beta^n_c)``, normalised to sum to the number of classes seen (``n_c > 0``). Returns
+    ``[B]``.
+
+    Classes a game cannot produce (Freeway never gives a negative reward) have ``n_c = 0``:
+    the formula gives them an infinite weight (the usual implementations, which normalise over
+    every class, then turn the loss into NaN), or, floored at one sample, nearly all of the
+    normalised mass, which would shrink the weights of the classes that occur ~100x. They get
+    weight 0 and take no part in the normalisation."""
+    seen = counts > 0
+    effective = jnp.where(seen, (1.0 - beta) / (1.0 - beta ** jnp.maximum(counts, 1.0)), 0.0)
+    weights = effective * jnp.sum(seen) / jnp.maximum(jnp.sum(effective), 1e-30)
     log_p = jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], -1)[:, 0]
     return weights[labels] * (1.0 - jnp.exp(log_p)) ** gamma * -log_p
 
