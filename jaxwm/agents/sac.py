@@ -41,6 +41,7 @@ from flax import struct
 
 from jaxwm import parallel
 from jaxwm.envs import acting
+from jaxwm.envs.types import ActionBox  # noqa: F401 -- sac.ActionBox for its callers
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # CleanRL's bounds, reached through a tanh
 
@@ -84,25 +85,6 @@ class Critics(nn.Module):
         ensemble = nn.vmap(QNetwork, variable_axes={"params": 0}, split_rngs={"params": True},
                            in_axes=None, out_axes=0, axis_size=self.num)
         return ensemble(self.hidden)(obs, action)
-
-
-@dataclasses.dataclass(frozen=True)
-class ActionBox:
-    """The affine map from the actor's [-1, 1] onto the env's [low, high]."""
-
-    low: np.ndarray
-    high: np.ndarray
-
-    @property
-    def center(self):
-        return jnp.asarray((self.high + self.low) / 2, jnp.float32)
-
-    @property
-    def half_width(self):
-        return jnp.asarray((self.high - self.low) / 2, jnp.float32)
-
-    def uniform(self, key, shape):
-        return jax.random.uniform(key, shape + self.low.shape, minval=self.low, maxval=self.high)
 
 
 def squashed_sample(mean, log_std, box: ActionBox, key, temperature=1.0):

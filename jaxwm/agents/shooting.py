@@ -12,7 +12,9 @@ toward elite sequences found in imagination, as in the cross-entropy method (Rub
 planner at least as good as random shooting whatever the prior learns.
 
 Functions here are unbatched over states (one observation); callers ``vmap``, except
-``policy``, the planner as an acting-layer policy over a batch of envs.
+``policy``, the planner as an acting-layer policy over a batch of envs. MPPI
+(``jaxwm.agents.mppi``, TD-MPC2's planner) builds on ``SequencePrior``, ``imagine`` and
+``top_k``.
 """
 
 from __future__ import annotations
@@ -73,11 +75,16 @@ def plan(step_fn: StepFn, obs, key, prior: SequencePrior, num_candidates: int, l
     return candidates[jnp.argmax(returns), 0], candidates, returns
 
 
+def top_k(candidates: jax.Array, returns: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """The ``k`` best sequences [k, H, A] and their returns [k], best first."""
+    chex.assert_rank([candidates, returns], [3, 1])
+    best, idx = jax.lax.top_k(returns, k)
+    return candidates[idx], best
+
+
 def elites(candidates: jax.Array, returns: jax.Array, num_elites: int) -> jax.Array:
     """The ``num_elites`` best sequences [E, H, A]."""
-    chex.assert_rank([candidates, returns], [3, 1])
-    _, idx = jax.lax.top_k(returns, num_elites)
-    return candidates[idx]
+    return top_k(candidates, returns, num_elites)[0]
 
 
 def refit_prior(prior: SequencePrior, elite_seqs: jax.Array, momentum: float,

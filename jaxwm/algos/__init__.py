@@ -35,6 +35,7 @@ REGISTRY = {
     "gormpo": Entry("jaxwm.algos.mopo", "configs/mopo.py:tiny_gormpo"),  # GORMPO's penalty
     "dreamer": Entry("jaxwm.algos.dreamer", "configs/dreamer.py:tiny"),
     "simple": Entry("jaxwm.algos.simple", "configs/simple.py:tiny"),
+    "tdmpc2": Entry("jaxwm.algos.tdmpc2", "configs/tdmpc2.py:tiny"),
 }
 
 NO_PROCESSES = ("it keeps its whole state on every device and steps its envs from one process; "
@@ -77,6 +78,11 @@ def get(name: str):
     return importlib.import_module(REGISTRY[name].module)
 
 
+def taking(action: str) -> list[str]:
+    """The registered algorithms that take ``action`` ("discrete" or "continuous") actions."""
+    return [name for name in REGISTRY if action in get(name).CAPABILITIES.actions]
+
+
 def check_capabilities(config, capabilities: Capabilities, spec) -> None:
     """Refuses, in one line, a config or env the algorithm cannot run."""
     algo, cannot = config.algo, capabilities.cannot
@@ -107,7 +113,8 @@ def check_capabilities(config, capabilities: Capabilities, spec) -> None:
     action = "discrete" if spec.discrete else "continuous"
     if action not in capabilities.actions:
         raise ConfigError(f"{algo} takes {' or '.join(capabilities.actions)} actions; "
-                          f"{spec.env_id}'s are {action}.")
+                          f"{spec.env_id}'s are {action} (algorithms for {action} actions: "
+                          f"{', '.join(taking(action))}).")
     observation = "pixels" if spec.is_pixels else "vector"
     if observation not in capabilities.observations:
         raise ConfigError(f"{algo} takes {' or '.join(capabilities.observations)} observations; "

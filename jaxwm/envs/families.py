@@ -50,6 +50,9 @@ FAMILY_BY_MODULE: dict[str, str] = {
 }
 
 
+DMC_EPISODE_STEPS = 1000  # dm_control's control-suite episodes, in physics steps
+
+
 class UnknownEnvError(ValueError):
     """The env id is not registered in envpool, or its family is not wrapped here (raised
     before anything is built)."""
@@ -79,8 +82,10 @@ def envpool_kwargs(family: str, env_config: Mapping[str, Any]) -> dict[str, Any]
     """Family-specific keyword arguments for ``envpool.make``, read from ``env_config``.
 
     Fields (all optional): ``max_episode_steps`` (any family; 0 keeps envpool's registered
-    limit; counted in agent steps, i.e. after Atari's frame skip). Atari only: ``noop_max``
-    (30), ``frame_skip`` (4), ``episodic_life`` (True), ``use_fire_reset`` (True),
+    limit; counted in agent steps, i.e. after Atari's frame skip). DMC: ``frame_skip``, the
+    action repeat (1), with episodes of 1000 / frame_skip agent steps unless
+    ``max_episode_steps`` says otherwise. Atari only: ``noop_max`` (30), ``frame_skip`` (4),
+    ``episodic_life`` (True), ``use_fire_reset`` (True),
     ``reward_clip`` (True, sign of the reward), ``img_height``/``img_width`` (84),
     ``gray_scale`` (True), ``frame_stack`` (4), ``repeat_action_probability`` (0.0),
     ``full_action_space`` (False). Other families take no options here.
@@ -93,6 +98,13 @@ def envpool_kwargs(family: str, env_config: Mapping[str, Any]) -> dict[str, Any]
     """
     kwargs: dict[str, Any] = {}
     max_steps = int(env_config.get("max_episode_steps", 0))
+    if family == "dmc":
+        # Action repeat: envpool repeats the action for frame_skip physics steps and sums the
+        # rewards, but keeps counting its 1000-step limit in agent steps; DMC's episodes are
+        # 1000 physics steps (returns up to 1000), so the limit shrinks with the repeat.
+        repeat = int(env_config.get("frame_skip", 1))
+        kwargs["frame_skip"] = repeat
+        max_steps = max_steps or DMC_EPISODE_STEPS // repeat
     if max_steps > 0:  # envpool would store 0 as the limit itself, so only pass a real one
         kwargs["max_episode_steps"] = max_steps
     if family == "atari":

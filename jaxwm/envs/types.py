@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
@@ -41,6 +42,37 @@ class EnvSpec:
     @property
     def is_pixels(self) -> bool:
         return len(self.obs_shape) == 3
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionBox:
+    """The affine map between an agent's [-1, 1] and an env's [low, high] action box."""
+
+    low: np.ndarray
+    high: np.ndarray
+
+    @classmethod
+    def of(cls, spec: EnvSpec) -> ActionBox:
+        return cls(np.asarray(spec.action_low), np.asarray(spec.action_high))
+
+    @property
+    def center(self):
+        return jnp.asarray((self.high + self.low) / 2, jnp.float32)
+
+    @property
+    def half_width(self):
+        return jnp.asarray((self.high - self.low) / 2, jnp.float32)
+
+    def to_env(self, action):
+        """[-1, 1] -> the env's box."""
+        return self.center + self.half_width * jnp.clip(action, -1.0, 1.0)
+
+    def from_env(self, action):
+        """The env's box -> [-1, 1] (``to_env``'s inverse)."""
+        return (action - self.center) / self.half_width
+
+    def uniform(self, key, shape):
+        return jax.random.uniform(key, shape + self.low.shape, minval=self.low, maxval=self.high)
 
 
 @struct.dataclass

@@ -61,7 +61,8 @@ RESUMABLE_KEYS = ("resume", "checkpoint", "eval", "log", "total_env_steps", "pha
 # count), never a value stored in the state, so the resumed run uses the new value.
 RESUMABLE_SETTINGS = ("ppo.learning_rate", "ppo.max_grad_norm", "sac.actor_lr", "sac.critic_lr",
                       "sac.alpha_lr", "dreamer.learning_rate", "dreamer.agc",
-                      "mbrs.learning_rate", "mopo.model_lr")
+                      "mbrs.learning_rate", "mopo.model_lr", "tdmpc2.lr",
+                      "tdmpc2.grad_clip_norm")
 # The learning rates among them, named by the NaN stop's advice.
 LEARNING_RATES = tuple(k for k in RESUMABLE_SETTINGS if k.endswith(("lr", "learning_rate")))
 

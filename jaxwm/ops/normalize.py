@@ -106,3 +106,24 @@ class PercentileScale:
     def scale(self, limit: float = 1.0) -> jax.Array:
         """max(limit, high - low), the advantage divisor; a constant for the gradient."""
         return jax.lax.stop_gradient(jnp.maximum(limit, self.high - self.low))
+
+
+@struct.dataclass
+class RunningScale:
+    """TD-MPC2's Q scale for the policy loss (Hansen et al. 2024, sec. 3.4;
+    nicklashansen/tdmpc2 ``common/scale.py``): an EMA, starting at 1, of
+    ``max(1, Per(Q, 95) - Per(Q, 5))`` over each batch's Q-values, so the policy's objective
+    ``Q / scale`` has a similar size on every task. Unlike ``PercentileScale`` (DreamerV3) the
+    EMA runs over the clipped range itself rather than over each percentile, and starts at 1
+    rather than 0."""
+
+    value: jax.Array
+
+    @classmethod
+    def create(cls):
+        return cls(jnp.ones((), jnp.float32))
+
+    def update(self, values: jax.Array, tau: float = 0.01) -> RunningScale:
+        values = jax.lax.stop_gradient(jnp.asarray(values, jnp.float32)).reshape(-1)
+        spread = jnp.maximum(jnp.percentile(values, 95.0) - jnp.percentile(values, 5.0), 1.0)
+        return RunningScale(self.value + tau * (spread - self.value))

@@ -1,0 +1,243 @@
+"""TD-MPC2's implicit world model (Hansen, Su and Wang 2024, "TD-MPC2: Scalable, Robust World
+Models for Continuous Control", ICLR; nicklashansen/tdmpc2 ``common/world_model.py``,
+``common/layers.py``, ``common/math.py``).
+
+Five MLPs over a latent state ``z`` that never decodes back to observations:
+
+* encoder      z = h(s)                  (``encode``; the last layer is SimNorm)
+* dynamics     z' = d(z, a)              (``next``; SimNorm)
+* reward       r-hat = R(z, a)           (``reward``: logits of a two-hot over 101 bins)
+* termination  P(terminal | z')          (``termination``; only for episodic tasks)
+* policy prior a ~ pi(z)                 (``pi``: a tanh-squashed Gaussian)
+* Q ensemble   Q_i(z, a), i < num_q      (``q``: logits of two-hot over 101 bins each)
+
+Every hidden layer is Linear -> LayerNorm -> Mish (``NormedLinear``); the first hidden layer of
+each Q network has dropout 0.01. SimNorm (sec. 3.2) splits the latent into groups of 8 and
+takes a softmax over each, so every group is a point on a simplex: the latent stays bounded
+and sparse whatever the task's scale. Rewards and Q-values are regressed as two-hot
+distributions over 101 bins evenly spaced in symlog space on [-10, 10] (``ops.twohot``), as
+DreamerV3 does with 255 bins on [-20, 20].
+
+Initialisation as the reference: every Linear's weights truncated-normal with std 0.02 and
+zero biases, and the last layers of the reward head and every Q head all zeros (so both start
+by predicting 0). Since the reference's commit e9f5932 the Q heads' hidden layers are
+initialised the same way; before it they kept PyTorch's default (the published results).
+
+Model sizes (``SIZES``, the paper's table 8 as ``common/__init__.py``'s presets): 1M, 5M
+(default), 19M, 48M and 317M parameters for a single task; parameter counts depend on the
+observation and action sizes (``tests/test_tdmpc2.py`` checks the 5M count on a DMC task).
+
+Actions are in [-1, 1] everywhere here (the agent maps them to the env's box).
+
+Functional API: ``WorldModel`` is a Flax module whose methods are applied with
+``model.apply(params, ..., method=...)``; the Q heads live under ``params["params"]["qs"]``
+so that the agent can swap in target or frozen copies of them (``with_qs``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxwm.ops import twohot
+
+LOG_STD_MIN, LOG_STD_MAX = -10.0, 2.0
+NUM_BINS, V_MIN, V_MAX = 101, -10.0, 10.0
+SIMNORM_DIM = 8
+Q_DROPOUT = 0.01
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    enc_dim: int = 256
+    mlp_dim: int = 512
+    latent_dim: int = 512
+    num_enc_layers: int = 2
+    num_q: int = 5
+
+
+# Millions of parameters -> sizes (the reference's MODEL_SIZE presets).
+SIZES = {
+    1: Sizes(enc_dim=256, mlp_dim=384, latent_dim=128, num_enc_layers=2, num_q=2),
+    5: Sizes(),
+    19: Sizes(enc_dim=1024, mlp_dim=1024, latent_dim=768, num_enc_layers=3),
+    48: Sizes(enc_dim=1792, mlp_dim=1792, latent_dim=768, num_enc_layers=4),
+    317: Sizes(enc_dim=4096, mlp_dim=4096, latent_dim=1376, num_enc_layers=5, num_q=8),
+}
+
+
+def bins() -> jax.Array:
+    return twohot.bins(NUM_BINS, V_MIN, V_MAX)
+
+
+def decode(logits: jax.Array) -> jax.Array:
+    """Two-hot logits [..., 101] -> the scalar they predict (symexp of the expected bin)."""
+    return twohot.symexp(twohot.decode(logits, bins()))
+
+
+def soft_cross_entropy(logits: jax.Array, target: jax.Array) -> jax.Array:
+    """Cross-entropy of logits [..., 101] to the two-hot encoding of the scalar ``target``
+    [...] (the reference's ``math.soft_ce``)."""
+    return twohot.loss(logits, twohot.symlog(target), bins())
+
+
+def simnorm(x: jax.Array, dim: int = SIMNORM_DIM) -> jax.Array:
+    """Simplicial normalisation (sec. 3.2): a softmax over each group of ``dim`` features."""
+    groups = x.reshape(x.shape[:-1] + (-1, dim))
+    return jax.nn.softmax(groups, axis=-1).reshape(x.shape)
+
+
+def _dense(features: int, zero: bool = False) -> nn.Dense:
+    init = nn.initializers.zeros if zero else nn.initializers.truncated_normal(0.02)
+    return nn.Dense(features, kernel_init=init, bias_init=nn.initializers.zeros)
+
+
+class NormedLinear(nn.Module):
+    """Linear -> [Dropout] -> LayerNorm -> activation (``layers.NormedLinear``)."""
+
+    features: int
+    dropout: float = 0.0
+    act: str = "mish"  # mish | simnorm
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        x = _dense(self.features)(x)
+        if self.dropout:
+            x = nn.Dropout(self.dropout)(x, deterministic=not train)
+        x = nn.LayerNorm()(x)
+        return simnorm(x) if self.act == "simnorm" else jax.nn.mish(x)
+
+
+class MLP(nn.Module):
+    """``layers.mlp``: hidden NormedLinears (dropout on the first only), then a NormedLinear
+    with SimNorm (``out_act="simnorm"``) or a plain Linear (``zero_out``: zero-initialised)."""
+
+    hidden: tuple[int, ...]
+    out: int
+    out_act: str | None = None
+    dropout: float = 0.0
+    zero_out: bool = False
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        for i, width in enumerate(self.hidden):
+            x = NormedLinear(width, self.dropout if i == 0 else 0.0)(x, train)
+        if self.out_act is not None:
+            return NormedLinear(self.out, act=self.out_act)(x)
+        return _dense(self.out, zero=self.zero_out)(x)
+
+
+class QEnsemble(nn.Module):
+    """``num_q`` Q networks with independent parameters and dropout masks: logits
+    ``[num_q, ..., 101]``."""
+
+    num_q: int
+    hidden: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, z, a, train: bool = False):
+        ensemble = nn.vmap(MLP, variable_axes={"params": 0},
+                           split_rngs={"params": True, "dropout": True},
+                           in_axes=(None, None), out_axes=0, axis_size=self.num_q)
+        x = jnp.concatenate([z, a], -1)
+        return ensemble(self.hidden, NUM_BINS, dropout=Q_DROPOUT, zero_out=True)(x, train)
+
+
+class WorldModel(nn.Module):
+    """TD-MPC2's model for one task with vector observations (module docstring)."""
+
+    action_dim: int
+    sizes: Sizes = Sizes()
+    episodic: bool = False  # a termination head (tasks whose episodes can end early)
+
+    def setup(self):
+        s = self.sizes
+        mlp2 = (s.mlp_dim, s.mlp_dim)
+        self.encoder = MLP((s.enc_dim,) * max(s.num_enc_layers - 1, 1), s.latent_dim,
+                           out_act="simnorm")
+        self.dynamics = MLP(mlp2, s.latent_dim, out_act="simnorm")
+        self.reward_head = MLP(mlp2, NUM_BINS, zero_out=True)
+        if self.episodic:
+            self.termination_head = MLP(mlp2, 1)
+        self.policy = MLP(mlp2, 2 * self.action_dim)
+        self.qs = QEnsemble(s.num_q, mlp2)
+
+    def __call__(self, obs, action, key):
+        """Touches every head (for ``init``): (z, z', reward logits, pi action, Q logits)."""
+        z = self.encode(obs)
+        nxt = self.next(z, action)
+        if self.episodic:
+            self.termination(nxt)
+        return z, nxt, self.reward(z, action), self.pi(z, key)[0], self.q(z, action)
+
+    def encode(self, obs):
+        return self.encoder(obs)
+
+    def next(self, z, a):
+        return self.dynamics(jnp.concatenate([z, a], -1))
+
+    def reward(self, z, a):
+        return self.reward_head(jnp.concatenate([z, a], -1))
+
+    def termination(self, z):
+        """Logit of "this latent is an episode's terminal state"."""
+        return self.termination_head(z)[..., 0]
+
+    def q(self, z, a, train: bool = False):
+        return self.qs(z, a, train)
+
+    def pi(self, z, key):
+        """A sample of the tanh-squashed Gaussian policy prior and ``info``: ``mean``
+        (squashed), ``log_std``, ``entropy`` (of the squashed sample) and ``scaled_entropy``,
+        the reference's entropy for the policy loss: ``-|A| * log N(eps; 0, std)`` before the
+        squash (its tanh correction cancels out in ``world_model.pi``)."""
+        mean, log_std = jnp.split(self.policy(z), 2, axis=-1)
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (jnp.tanh(log_std) + 1)
+        eps = jax.random.normal(key, mean.shape)
+        gaussian = jnp.sum(-0.5 * eps ** 2 - log_std - 0.5 * jnp.log(2 * jnp.pi), -1)
+        action = jnp.tanh(mean + eps * jnp.exp(log_std))
+        correction = jnp.sum(jnp.log(jax.nn.relu(1 - action ** 2) + 1e-6), -1)
+        return action, {"mean": jnp.tanh(mean), "log_std": log_std,
+                        "entropy": -(gaussian - correction),
+                        "scaled_entropy": -gaussian * self.action_dim}
+
+
+def with_qs(params, qs):
+    """``params`` with the Q ensemble's parameters replaced by ``qs`` (target or frozen)."""
+    inner = dict(params["params"])
+    inner["qs"] = qs
+    return {**params, "params": inner}
+
+
+def q_params(params):
+    return params["params"]["qs"]
+
+
+def is_encoder(path) -> bool:
+    return any(getattr(k, "key", None) == "encoder" for k in path)
+
+
+def is_policy(path) -> bool:
+    return any(getattr(k, "key", None) == "policy" for k in path)
+
+
+def param_groups(params):
+    """``"encoder"``, ``"policy"`` or ``"model"`` per leaf (optimiser partitions: the encoder
+    learns at 0.3x the rate, the policy prior has an optimiser of its own)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: "encoder" if is_encoder(path) else "policy" if is_policy(path)
+        else "model", params)
+
+
+def init(model: WorldModel, key, obs_dim: int):
+    k_params, k_pi, k_drop = jax.random.split(key, 3)
+    obs = jnp.zeros((1, obs_dim))
+    action = jnp.zeros((1, model.action_dim))
+    return model.init({"params": k_params, "dropout": k_drop}, obs, action, k_pi)
+
+
+def count_params(params) -> int:
+    return sum(x.size for x in jax.tree.leaves(params))

@@ -1,0 +1,289 @@
+"""TD-MPC2: the model's pieces by hand, MPPI on a known objective, the update's losses and
+masks, the planner as a policy, configs and bad input. The whole run (every phase, resume,
+devices, seeds) is the contract suite's (tests/test_contract.py); learning is
+tests/test_tdmpc2_learning.py (slow)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxwm import runner
+from jaxwm.agents import mppi
+from jaxwm.agents import tdmpc2 as agent_lib
+from jaxwm.config import ConfigError, load
+from jaxwm.envs import make_env
+from jaxwm.envs.types import EnvSpec
+from jaxwm.models import tdmpc2 as wm
+from jaxwm.ops.normalize import RunningScale
+
+
+def spec(obs_dim=5, action_dim=2, low=-1.0, episode=500):
+    return EnvSpec("Fake-v0", "dmc", 1, (obs_dim,), np.float32, False, None, (action_dim,),
+                   np.full(action_dim, low, np.float32), np.full(action_dim, -low, np.float32),
+                   episode)
+
+
+def make_agent(episodic=False, size=1, **overrides):
+    cfg = agent_lib.config_block(model_size=size, episodic=episodic, **overrides)
+    return agent_lib.make(spec(), cfg)
+
+
+# ----------------------------------------------------------------------------- model pieces
+
+
+def test_simnorm_sums_to_one_per_group_of_eight():
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 64)) * 5
+    y = wm.simnorm(x).reshape(3, 8, 8)
+    np.testing.assert_allclose(y.sum(-1), 1.0, rtol=1e-6)
+    assert jnp.all(y >= 0)
+
+
+@pytest.mark.parametrize("value", [-37.0, -1.5, 0.0, 0.3, 2.0, 640.0])
+def test_two_hot_round_trip_and_cross_entropy_minimum(value):
+    """A scalar encoded over the 101 symlog bins decodes back, and the cross-entropy of the
+    encoding itself is below that of a shifted one."""
+    weights = wm.twohot.encode(wm.twohot.symlog(jnp.asarray(value)), wm.bins())
+    logits = jnp.log(weights + 1e-12)
+    assert float(wm.decode(logits)) == pytest.approx(value, rel=1e-4, abs=1e-4)
+    shifted = jnp.roll(logits, 3)
+    assert wm.soft_cross_entropy(logits, jnp.asarray(value)) < \
+        wm.soft_cross_entropy(shifted, jnp.asarray(value))
+
+
+def test_zero_initialised_heads_predict_zero_reward_and_value():
+    agent = make_agent()
+    params = agent.init_learner(jax.random.PRNGKey(0)).params
+    z = agent.encode(params, jnp.ones((4, 5)))
+    a = jnp.zeros((4, 2))
+    np.testing.assert_allclose(agent.reward(params, z, a), 0.0, atol=1e-6)
+    np.testing.assert_allclose(agent.q_pair(params, z, a, jax.random.PRNGKey(1)), 0.0,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("size,low,high", [(1, 0.5e6, 1.5e6), (5, 4.5e6, 5.5e6)])
+def test_model_sizes_have_their_parameter_counts(size, low, high):
+    """On a DMC-sized task (walker: 24 observations, 6 actions), as the presets' names say."""
+    model = wm.WorldModel(6, wm.SIZES[size])
+    count = wm.count_params(wm.init(model, jax.random.PRNGKey(0), 24))
+    assert low < count < high, count
+
+
+def test_policy_prior_actions_are_squashed_with_bounded_log_std():
+    agent = make_agent()
+    params = agent.init_learner(jax.random.PRNGKey(0)).params
+    z = agent.encode(params, jax.random.normal(jax.random.PRNGKey(1), (64, 5)) * 10)
+    a, info = agent.pi(params, z, jax.random.PRNGKey(2))
+    assert jnp.all(jnp.abs(a) <= 1.0)
+    assert jnp.all((info["log_std"] >= wm.LOG_STD_MIN) & (info["log_std"] <= wm.LOG_STD_MAX))
+    # The reference's loss entropy: -|A| x the Gaussian log-probability before the squash.
+    assert info["scaled_entropy"].shape == (64,)
+
+
+def test_running_scale_moves_toward_the_clipped_percentile_range():
+    scale = RunningScale.create()
+    values = jnp.arange(101.0)  # 5th and 95th percentiles 5 and 95
+    assert float(scale.update(values, tau=0.5).value) == pytest.approx(1 + 0.5 * (90 - 1))
+    assert float(scale.update(jnp.zeros(10), tau=0.5).value) == pytest.approx(1.0)
+
+
+def test_discount_from_episode_length():
+    assert agent_lib.discount(500) == pytest.approx(0.99)
+    assert agent_lib.discount(1000) == pytest.approx(0.995)
+    assert agent_lib.discount(200) == pytest.approx(0.975)
+    assert agent_lib.discount(50) == 0.95
+
+
+# ----------------------------------------------------------------------------- MPPI
+
+
+def quadratic(target):
+    return lambda seqs, key: -jnp.sum((seqs - target) ** 2, axis=(1, 2))
+
+
+def test_mppi_returns_the_optimum_of_a_known_quadratic():
+    target = jnp.array([[0.3, -0.6], [0.8, 0.1], [-0.2, 0.5]])
+    hyper = mppi.MPPIHyper(horizon=3, iterations=8, num_samples=512, num_elites=64,
+                           num_pi_trajs=0)
+    result = mppi.plan(quadratic(target), jax.random.PRNGKey(0), jnp.zeros((3, 2)), hyper)
+    np.testing.assert_allclose(result.prior.mean, target, atol=0.03)
+    action = mppi.select(jax.random.PRNGKey(1), result, noise_scale=0.0)
+    np.testing.assert_allclose(action, target[0], atol=0.1)
+
+
+def test_mppi_keeps_fixed_sequences_among_the_candidates():
+    """A fixed sequence that is the optimum is found even where sampling from the start
+    distribution could not reach it in one round."""
+    target = jnp.full((3, 2), 0.9)
+    hyper = mppi.MPPIHyper(horizon=3, iterations=1, num_samples=8, num_elites=1,
+                           max_std=1e-3, min_std=1e-3)
+    result = mppi.plan(quadratic(target), jax.random.PRNGKey(0), jnp.zeros((3, 2)), hyper,
+                       fixed=target[None])
+    np.testing.assert_allclose(result.elites[0], target)
+
+
+def test_warm_start_shifts_the_mean_and_restarts_at_episode_starts():
+    prev = jnp.arange(6.0).reshape(3, 2)
+    np.testing.assert_array_equal(mppi.warm_start(prev, jnp.asarray(False)),
+                                  [[2, 3], [4, 5], [0, 0]])
+    np.testing.assert_array_equal(mppi.warm_start(prev, jnp.asarray(True)), jnp.zeros((3, 2)))
+
+
+def test_the_planner_policy_carries_each_envs_mean_and_resets_it_at_episode_starts():
+    """Two envs: the carry after acting is each env's final MPPI mean; an env at an episode's
+    first step plans from zeros, the other from its shifted mean (seen through a planner whose
+    objective ignores the sequences, so its mean stays where it starts)."""
+    hyper = mppi.MPPIHyper(horizon=3, iterations=1, num_samples=16, num_elites=16,
+                           num_pi_trajs=0, min_std=1e-6, max_std=1e-6)
+    policy = mppi.policy(lambda params, obs, key: (lambda s, k: jnp.zeros(s.shape[0]), None),
+                         hyper, action_dim=1)
+    carry = jnp.array([[[0.1], [0.2], [0.3]], [[0.4], [0.5], [0.6]]])
+    carry, action, extras = policy.act(None, carry, jnp.zeros((2, 1)),
+                                       jnp.array([True, False]), jax.random.PRNGKey(0), 0.0)
+    np.testing.assert_allclose(carry[0, :, 0], [0, 0, 0], atol=1e-5)
+    np.testing.assert_allclose(carry[1, :, 0], [0.5, 0.6, 0.0], atol=1e-5)
+    np.testing.assert_allclose(action[:, 0], [0.0, 0.5], atol=1e-5)
+    assert extras == {}
+
+
+def test_planner_maps_actions_to_the_env_box():
+    agent = agent_lib.make(spec(low=-2.0), agent_lib.config_block(
+        model_size=1, num_samples=16, num_elites=4, num_pi_trajs=2, iterations=1))
+    learner = agent.init_learner(jax.random.PRNGKey(0))
+    policy = agent.planner()
+    carry = policy.init_carry(learner, 3)
+    _, action, _ = jax.jit(policy.act)(learner, carry, jnp.ones((3, 5)), jnp.ones(3, bool),
+                                       jax.random.PRNGKey(1), 1.0)
+    assert action.shape == (3, 2) and jnp.all(jnp.abs(action) <= 2.0)
+    assert jnp.any(jnp.abs(action) > 1.0) or jnp.all(jnp.isfinite(action))
+
+
+# ----------------------------------------------------------------------------- the update
+
+
+def batch(key, horizon=3, size=32, obs_dim=5, action_dim=2):
+    k_obs, k_act, k_rew = jax.random.split(key, 3)
+    obs = jax.random.normal(k_obs, (size, horizon + 1, obs_dim))
+    action = jax.random.uniform(k_act, (size, horizon + 1, action_dim), minval=-1, maxval=1)
+    reward = jnp.tanh(obs[..., 0]) + jax.random.normal(k_rew, (size, horizon + 1)) * 0.01
+    return {"obs": obs, "action": action, "reward": reward,
+            "terminated": jnp.zeros((size, horizon + 1), bool),
+            "is_first": jnp.zeros((size, horizon + 1), bool)}
+
+
+@pytest.mark.parametrize("episodic", [False, True])
+def test_updates_on_a_fixed_batch_lower_each_loss(episodic):
+    agent = make_agent(episodic=episodic)
+    data = batch(jax.random.PRNGKey(0))
+    if episodic:
+        data["terminated"] = data["terminated"].at[::3, 2].set(True)
+    learner = agent.init_learner(jax.random.PRNGKey(1))
+    step = jax.jit(agent.update_step)
+    _, first = step(learner, data, jax.random.PRNGKey(2))
+    for i in range(60):
+        learner, metrics = step(learner, data, jax.random.PRNGKey(3 + i))
+    names = ["consistency", "reward", "value"] + (["termination"] if episodic else [])
+    for name in names:
+        assert metrics[f"losses/{name}"] < first[f"losses/{name}"], (name, first, metrics)
+    assert all(np.isfinite(float(v)) for v in metrics.values())
+
+
+def test_steps_past_an_episodes_end_are_masked_out():
+    """A window whose s_2 is a reset row (is_first): the losses do not depend on anything
+    from s_2 on, and equal those of the same window with garbage there."""
+    agent = make_agent(episodic=True)
+    data = batch(jax.random.PRNGKey(0))
+    data["is_first"] = data["is_first"].at[:, 2].set(True)
+    garbage = dict(data)
+    for name in ("obs", "action", "reward"):
+        garbage[name] = data[name].at[:, 2:].set(99.0)
+    garbage["terminated"] = data["terminated"].at[:, 2:].set(True)
+    learner = agent.init_learner(jax.random.PRNGKey(1))
+    _, clean = jax.jit(agent.update_step)(learner, data, jax.random.PRNGKey(2))
+    learner = agent.init_learner(jax.random.PRNGKey(1))
+    _, noisy = jax.jit(agent.update_step)(learner, garbage, jax.random.PRNGKey(2))
+    for name in ("consistency", "reward", "value", "termination", "pi"):
+        assert float(clean[f"losses/{name}"]) == pytest.approx(float(noisy[f"losses/{name}"]),
+                                                                rel=1e-5), name
+    assert float(clean["agent/inside_episode"]) == pytest.approx(1 / 3)
+
+
+def test_each_transitions_own_termination_cuts_its_td_target():
+    """Terminated at the second transition only: its target is its reward alone; the first and
+    third bootstrap (the reference's episodic branch used the last flag for all three)."""
+    agent = make_agent(episodic=True)
+    learner = agent.init_learner(jax.random.PRNGKey(0))
+    # Target Q heads that predict well above 0: output biases rising toward the top bins.
+    target_qs = jax.tree.map(lambda x: x + jnp.linspace(0.0, 5.0, wm.NUM_BINS)
+                             if x.ndim == 2 and x.shape[-1] == wm.NUM_BINS else x,
+                             learner.target_qs)
+    next_z = agent.encode(learner.params, jax.random.normal(jax.random.PRNGKey(3), (3, 4, 5)))
+    reward = jnp.full((3, 4), 0.5)
+    terminated = jnp.array([0.0, 1.0, 0.0])[:, None] * jnp.ones((3, 4))
+    target = agent.td_target(learner.params, target_qs, next_z, reward, terminated,
+                             jax.random.PRNGKey(4))
+    np.testing.assert_allclose(target[1], 0.5, rtol=1e-6)
+    assert jnp.all(jnp.abs(target[0] - 0.5) > 1e-4) and jnp.all(jnp.abs(target[2] - 0.5) > 1e-4)
+
+
+def test_the_encoder_learns_at_a_third_of_the_rate_and_the_policy_apart():
+    agent = make_agent()
+    params = agent.init_learner(jax.random.PRNGKey(0)).params
+    groups = jax.tree.leaves(wm.param_groups(params))
+    assert {"encoder", "model", "policy"} == set(groups)
+    model_tx, pi_tx = agent.optimizers()
+    ones = jax.tree.map(jnp.ones_like, params)
+    step = lambda tx: tx.update(ones, tx.init(params), params)[0]  # noqa: E731
+    by_group = lambda tree: {g: float(jnp.abs(x).max()) for g, x in zip(  # noqa: E731
+        groups, jax.tree.leaves(tree), strict=True)}
+    model = by_group(step(model_tx))
+    assert model["policy"] == 0.0
+    assert model["encoder"] == pytest.approx(0.3 * model["model"], rel=1e-3)
+    assert by_group(step(pi_tx))["model"] == 0.0
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def test_dmc_action_repeat_gives_500_step_episodes_with_summed_rewards():
+    config = load("configs/tdmpc2.py:dmc", {"env.id": "CartpoleBalance-v1"})
+    env = make_env(config.env, num_envs=1, seed=0)
+    try:
+        assert env.spec.max_episode_steps == 500
+    finally:
+        env.close()
+
+
+def test_model_size_is_one_setting_at_either_path():
+    config = load("configs/tdmpc2.py:dmc", {"model_size": 1})
+    assert config.tdmpc2.model_size == 1
+    config = load("configs/tdmpc2.py:dmc", {"tdmpc2.model_size": 19})
+    assert config.model_size == 19
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"env.id": "Pong-v5"}, "tdmpc2 takes continuous actions; Pong-v5's are discrete "
+                            "(algorithms for discrete actions: ppo, dreamer, simple)"),
+    ({"model_size": 3}, "tdmpc2.model_size=3 does not exist; choose one of [1, 5, 19, 48, 317]"),
+    ({"tdmpc2.horizon": 0}, "tdmpc2.horizon=0 is a size and must be > 0"),
+    ({"tdmpc2.num_pi_trajs": 32}, "must exceed num_pi_trajs=32"),
+])
+def test_bad_settings_are_one_line_errors_before_anything_compiles(overrides, message):
+    config = load("configs/tdmpc2.py:tiny", overrides)
+    with pytest.raises(ConfigError, match=None) as error:
+        runner.validate(config)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_issue_commands_validate():
+    for spec_, overrides in [
+            ("configs/tdmpc2.py:dmc", {"env.id": "CheetahRun-v1"}),
+            ("configs/tdmpc2.py:dmc", {"model_size": 1, "env.id": "CartpoleSwingup-v1"}),
+            ("configs/tdmpc2.py:mujoco", {"env.id": "Hopper-v4"}),
+            ("configs/tdmpc2.py:tiny", {}),
+            ("configs/tdmpc2.py:tiny", {"env.id": "CartpoleBalance-v1", "tdmpc2.horizon": 5})]:
+        runner.validate(load(spec_, overrides))
+    assert math.isclose(agent_lib.make(spec(episode=1000), load(
+        "configs/tdmpc2.py:mujoco").tdmpc2).hyper.discount, 0.995)
