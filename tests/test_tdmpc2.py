@@ -34,6 +34,13 @@ def make_agent(episodic=False, size=1, **overrides):
 # ----------------------------------------------------------------------------- model pieces
 
 
+def test_mish_with_one_exponential_equals_jaxs():
+    x = jnp.linspace(-40.0, 40.0, 8001)
+    np.testing.assert_allclose(wm.mish(x), jax.nn.mish(x), atol=2e-6)
+    np.testing.assert_allclose(jax.vmap(jax.grad(wm.mish))(x), jax.vmap(jax.grad(jax.nn.mish))(x),
+                               atol=1e-5)
+
+
 def test_simnorm_sums_to_one_per_group_of_eight():
     x = jax.random.normal(jax.random.PRNGKey(0), (3, 64)) * 5
     y = wm.simnorm(x).reshape(3, 8, 8)
@@ -59,8 +66,22 @@ def test_zero_initialised_heads_predict_zero_reward_and_value():
     z = agent.encode(params, jnp.ones((4, 5)))
     a = jnp.zeros((4, 2))
     np.testing.assert_allclose(agent.reward(params, z, a), 0.0, atol=1e-6)
-    np.testing.assert_allclose(agent.q_pair(params, z, a, jax.random.PRNGKey(1)), 0.0,
+    np.testing.assert_allclose(agent.q_pair(wm.q_params(params), z, a, jax.random.PRNGKey(1)), 0.0,
                                atol=1e-6)
+
+
+def test_a_subset_of_q_heads_equals_those_heads_of_the_ensemble():
+    model = wm.WorldModel(2, wm.SIZES[5])
+    params = wm.init(model, jax.random.PRNGKey(0), 5)
+    # Non-zero outputs: perturb every Q parameter.
+    qs = jax.tree.map(lambda x: x + 0.01 * jnp.cos(jnp.arange(x.size).reshape(x.shape)),
+                      wm.q_params(params))
+    params = {"params": {**params["params"], "qs": qs}}
+    z, a = jnp.ones((3, 512)) / 8, jnp.full((3, 2), 0.5)
+    every = model.apply(params, z, a, method=wm.WorldModel.q)
+    heads = jnp.array([4, 1])
+    np.testing.assert_allclose(wm.q_heads(qs, model.sizes, z, a, heads, jax.random.PRNGKey(1)),
+                               every[heads], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("size,low,high", [(1, 0.5e6, 1.5e6), (5, 4.5e6, 5.5e6)])

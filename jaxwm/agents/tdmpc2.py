@@ -181,14 +181,12 @@ class Agent:
     def pi(self, params, z, key):
         return self.model.apply(params, z, key, method=wm.WorldModel.pi)
 
-    def q_pair(self, params, z, a, key, train=False):
-        """Two random Q heads' values ``[2, ...]`` (the same two for every element), with
-        dropout when ``train``."""
+    def q_pair(self, qs, z, a, key, train=False):
+        """Two random heads' Q-values ``[2, ...]`` (the same two for every element) of the
+        ensemble ``qs`` (online, frozen or target parameters), with dropout when ``train``."""
         k_pick, k_drop = jax.random.split(key)
-        logits = self.model.apply(params, z, a, train, method=wm.WorldModel.q,
-                                  rngs={"dropout": k_drop})
-        pick = jax.random.permutation(k_pick, logits.shape[0])[:2]
-        return wm.decode(logits[pick])
+        pick = jax.random.permutation(k_pick, self.model.sizes.num_q)[:2]
+        return wm.decode(wm.q_heads(qs, self.model.sizes, z, a, pick, k_drop, train))
 
     # ------------------------------------------------------------------ learning
 
@@ -205,7 +203,7 @@ class Agent:
         gradient): each transition's own termination flag cuts its bootstrap."""
         k_pi, k_q = jax.random.split(key)
         next_action, _ = self.pi(params, next_z, k_pi)
-        q = self.q_pair(wm.with_qs(params, target_qs), next_z, next_action, k_q).min(0)
+        q = self.q_pair(target_qs, next_z, next_action, k_q).min(0)
         return jax.lax.stop_gradient(reward + self.hyper.discount * (1.0 - terminated) * q)
 
     def update_step(self, learner: Learner, batch, key):
@@ -275,7 +273,7 @@ class Agent:
 
         def pi_loss(params):
             a, info = self.pi(params, zs, k_pi)
-            q = self.q_pair(wm.with_qs(params, frozen_qs), zs, a, k_pi_q, train=True).mean(0)
+            q = self.q_pair(frozen_qs, zs, a, k_pi_q, train=True).mean(0)
             scale = learner.scale.update(q[0], h.tau)
             objective = h.entropy_coef * info["scaled_entropy"] + q / scale.value
             loss = jnp.mean(rho_pi * masked_mean(-objective, valid))
@@ -350,7 +348,7 @@ class Agent:
                 [jnp.zeros_like(ends[:, :1]), ends[:, :-1]], 1).astype(jnp.float32), 1)
             after = alive[:, -1] * (1.0 - ends[:, -1].astype(jnp.float32))
             a_final, _ = self.pi(params, final, k_pi)
-            q = self.q_pair(params, final, a_final, k_q).mean(0)
+            q = self.q_pair(wm.q_params(params), final, a_final, k_q).mean(0)
             return jnp.sum(discounts * alive * rewards, 1) + \
                 h.discount ** p.horizon * after * q
 
