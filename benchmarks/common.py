@@ -9,6 +9,7 @@ hardware, and writes ``results/<name>_<backend>.json`` and ``results/<name>_<bac
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import datetime
 import json
@@ -21,6 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 
 import jax
+import jax.extend
+import jax.numpy as jnp
 
 from jaxwm.loop import seeds
 
@@ -204,6 +207,74 @@ def ppo_end_to_end(config, window_s: float, repeats: int, max_iterations: int,
             "iterations": f"{repeats} x {n}", "steps_per_iteration": steps_per_iteration,
             "samples_steps_per_s": sps, "peak_mem_mib": memory, "mem_kind": memory_kind,
             **extra}
+
+
+# ----------------------------------------------------------------------------- matmuls
+
+
+def dot_shapes(fn: Callable, *args) -> collections.Counter:
+    """Every ``dot_general`` that ``fn(*args)`` runs, as ``{(lhs shape, rhs shape, dimension
+    numbers, dtype): count}``, with scans counted ``length`` times (read from the jaxpr, so
+    loops count as XLA's cost analysis, which sees a loop's body once, does not)."""
+    counts: collections.Counter = collections.Counter()
+
+    def visit(jaxpr, times: int) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                lhs, rhs = (v.aval for v in eqn.invars)
+                counts[(lhs.shape, rhs.shape, eqn.params["dimension_numbers"],
+                        str(lhs.dtype))] += times
+                continue
+            if eqn.primitive.name in ("while", "cond"):
+                raise ValueError(f"dot_shapes: a {eqn.primitive.name} runs an unknown number "
+                                 "of its bodies.")
+            repeat = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else (value,):
+                    if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                        visit(sub.jaxpr, times * repeat)
+                    elif isinstance(sub, jax.extend.core.Jaxpr):
+                        visit(sub, times * repeat)
+
+    visit(jax.make_jaxpr(fn)(*args).jaxpr, 1)
+    return counts
+
+
+def dot_flops(shapes: collections.Counter) -> float:
+    """2 x multiply-adds of every dot in ``shapes`` (``dot_shapes``)."""
+    total = 0.0
+    for (lhs, rhs, ((lc, _), (lb, _)), _), count in shapes.items():
+        contracted = math.prod(lhs[i] for i in lc)
+        batch = math.prod(lhs[i] for i in lb)
+        free_l = math.prod(lhs) // (contracted * batch)
+        free_r = math.prod(rhs) // (contracted * batch)
+        total += 2.0 * batch * free_l * free_r * contracted * count
+    return total
+
+
+def matmuls_alone(shapes: collections.Counter, repeats: int) -> float:
+    """Median seconds for exactly the dots of ``shapes`` and nothing else, each run ``count``
+    times in a ``lax.scan`` (each input depends on the last output, so none is hoisted out
+    of the loop): this machine's time for a program's matrix products, its best case. The
+    dependency costs one elementwise add over the left operand per product, a few per cent of
+    the smallest products: if anything this overstates the matmul time (and a share)."""
+    plan = [(dims, count) for (_, _, dims, _), count in shapes.items()]
+    tensors = [(jnp.full(lhs, 0.01, dtype), jnp.full(rhs, 0.01, dtype))
+               for (lhs, rhs, _, dtype) in shapes]
+
+    @jax.jit
+    def run(tensors):
+        total = jnp.zeros(())
+        for (lhs, rhs), (dims, count) in zip(tensors, plan, strict=True):
+            def body(carry, _, rhs=rhs, dims=dims):
+                out = jax.lax.dot_general(carry, rhs, dims)
+                return carry + 1e-6 * out.reshape(-1)[0], None
+
+            final, _ = jax.lax.scan(body, lhs, None, length=count)
+            total = total + final.reshape(-1)[0]
+        return total
+
+    return timed(lambda: run(tensors), repeats).median
 
 
 # ----------------------------------------------------------------------------- memory

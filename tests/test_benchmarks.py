@@ -18,7 +18,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
-SCRIPTS = ("ab", "backbones", "conv_grad", "dreamer", "offline", "ppo_throughput", "seeds", "simple")
+SCRIPTS = ("ab", "backbones", "conv_grad", "dreamer", "offline", "ppo_throughput", "seeds", "simple",
+           "tdmpc2")
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,31 @@ def test_sac_flop_count_matches_xla(benchmark_modules):
     xla_flops = (cost[0] if isinstance(cost, list) else cost)["flops"]
     dense = offline.update_flops(batch, obs_dim, action_dim, hidden)
     assert 0.85 * xla_flops < dense <= xla_flops, (dense, xla_flops)
+
+
+def test_dot_shapes_count_every_product_of_a_scan_and_a_gradient(benchmark_modules):
+    """``common.dot_shapes`` (behind TD-MPC2's matmul share) against hand counts: a scan of 3
+    steps of ``x @ w`` ([4, 5] x [5, 6]) is 3 x 2 x 4 x 5 x 6 = 720 FLOPs; its gradient with
+    respect to ``w`` adds one product per step for the cotangent of ``w`` (contracting the
+    batch of 4) and one for that of ``x`` (through the carry): 3 x 720 in all. A while loop,
+    whose trip count the jaxpr does not know, is refused."""
+    import jax.numpy as jnp
+
+    common = sys.modules["common"]
+    w = jnp.ones((5, 6))
+
+    def forward(w, x):
+        def step(carry, _):
+            return jnp.tanh(carry @ w)[:, :5], None
+        return jax.lax.scan(step, x, None, length=3)[0].sum()
+
+    x = jnp.ones((4, 5))
+    assert common.dot_flops(common.dot_shapes(forward, w, x)) == 720
+    grad_shapes = common.dot_shapes(jax.grad(forward, argnums=(0, 1)), w, x)
+    assert common.dot_flops(grad_shapes) == 3 * 720
+    assert sum(grad_shapes.values()) == 9
+    with pytest.raises(ValueError, match="while"):
+        common.dot_shapes(lambda x: jax.lax.while_loop(lambda c: c.sum() < 9, lambda c: c @ w[:, :5], x), x)
 
 
 @pytest.mark.slow

@@ -211,6 +211,30 @@ def test_updates_on_a_fixed_batch_lower_each_loss(episodic):
     assert all(np.isfinite(float(v)) for v in metrics.values())
 
 
+def test_gradients_are_clipped_by_one_norm_over_encoder_and_dynamics():
+    """The reference clips ``model.parameters()`` together: with encoder gradients of norm 3
+    and the rest of norm 4 (total 5) and a clip of 1, both are divided by 5, not each by its
+    own norm. Adam's first moment after one step is 0.1 x the clipped gradient."""
+    agent = make_agent(grad_clip_norm=1.0)
+    params = agent.init_learner(jax.random.PRNGKey(0)).params
+    groups = wm.param_groups(params)
+
+    def constant(group, norm):  # every leaf of ``group`` equal, the group's norm ``norm``
+        pairs = zip(jax.tree.leaves(params), jax.tree.leaves(groups), strict=True)
+        count = sum(x.size for x, g in pairs if g == group)
+        return norm / math.sqrt(count)
+
+    fill = {"encoder": constant("encoder", 3.0), "model": constant("model", 4.0), "policy": 0.0}
+    grads = jax.tree.map(lambda x, g: jnp.full_like(x, fill[g]), params, groups)
+    model_tx, _ = agent.optimizers()
+    _, state = model_tx.update(grads, model_tx.init(params), params)
+    mu = {name: inner.inner_state[0].mu for name, inner in state[1].inner_states.items()
+          if name != "policy"}
+    for name in ("encoder", "model"):
+        leaf = jax.tree.leaves(mu[name])[0]
+        np.testing.assert_allclose(leaf.ravel()[0], 0.1 * fill[name] / 5.0, rtol=1e-5)
+
+
 def test_steps_past_an_episodes_end_are_masked_out():
     """A window whose s_2 is a reset row (is_first): the losses do not depend on anything
     from s_2 on, and equal those of the same window with garbage there."""

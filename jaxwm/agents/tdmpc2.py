@@ -157,14 +157,15 @@ class Agent:
 
     def optimizers(self):
         h = self.hyper
-        adam = lambda lr, eps=1e-8: optax.chain(  # noqa: E731
-            optax.clip_by_global_norm(h.grad_clip_norm), optax.adam(lr, eps=eps))
-        model = optax.multi_transform(
-            {"encoder": adam(h.lr * h.enc_lr_scale), "model": adam(h.lr),
-             "policy": optax.set_to_zero()}, wm.param_groups)
-        policy = optax.multi_transform(
-            {"encoder": optax.set_to_zero(), "model": optax.set_to_zero(),
-             "policy": adam(h.lr, eps=1e-5)}, wm.param_groups)
+        # One clip over all of a loss's gradients before the groups split, as the reference's
+        # clip_grad_norm_(model.parameters()): encoder and dynamics share one norm.
+        clipped = lambda groups: optax.chain(  # noqa: E731
+            optax.clip_by_global_norm(h.grad_clip_norm),
+            optax.multi_transform(groups, wm.param_groups))
+        model = clipped({"encoder": optax.adam(h.lr * h.enc_lr_scale),
+                         "model": optax.adam(h.lr), "policy": optax.set_to_zero()})
+        policy = clipped({"encoder": optax.set_to_zero(), "model": optax.set_to_zero(),
+                          "policy": optax.adam(h.lr, eps=1e-5)})
         return model, policy
 
     # ------------------------------------------------------------------ model calls

@@ -1,0 +1,166 @@
+"""TD-MPC2 throughput: updates/s and planning steps/s at the 1M and 5M model sizes, against the
+reference PyTorch code on the same host, and each side's share of this machine's matmul rate.
+
+Rows, per model size (``--sizes``), on cheetah-run's shapes (17 observations, 6 actions):
+
+* ``update``: one TD-MPC2 update at batch 256, horizon 3 (``Agent.update_step``, jitted; the
+  replay's sampling left out, as on the peer's side), seconds and updates/s;
+* ``plan x1``: one MPPI step for one env (6 iterations of 512 samples, 24 policy
+  trajectories): the acting layer's ``act`` of the planner, seconds and env steps/s;
+* ``plan x8``: the same for 8 envs at once (one jitted call plans for all of them).
+
+``matmul_share``: the time this machine needs for exactly the program's matrix products (every
+``dot_general`` of its jaxpr, loops counted by their length, run alone: ``common.matmuls_alone``)
+over the program's time; the peer's share is the same matmul time over the peer's time, since
+both compute the same products (the peer evaluates all Q heads where jaxwm evaluates the two
+it uses: its share is then an overestimate, ``notes``). Compile time (the first call) apart;
+steady state is the median of ``--repeats`` calls; peak memory is the process's.
+
+The peer is nicklashansen/tdmpc2's own code, run between jaxwm's measurements when
+``--peer-command`` is given: a command that prints one JSON line (``benchmarks/peers/
+tdmpc2_torch.py`` is that command; the reference code is never committed), at the same
+thread count.
+
+    python benchmarks/tdmpc2.py --quick                  # 1M only, one repeat (~1 min)
+    python benchmarks/tdmpc2.py                          # 1M and 5M (~10 min on 2 cores)
+    python benchmarks/tdmpc2.py --peer-command \\
+        "$VENV/bin/python benchmarks/peers/tdmpc2_torch.py --src ../tdmpc2 --threads 2"
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from common import (
+    dot_flops,
+    dot_shapes,
+    hardware,
+    matmuls_alone,
+    median,
+    parser,
+    peak_memory,
+    timed,
+    write_results,
+)
+
+from jaxwm import backend
+from jaxwm.agents import tdmpc2
+from jaxwm.envs.types import EnvSpec
+
+OBS_DIM, ACTION_DIM = 17, 6  # cheetah-run
+BATCH = 256
+
+
+def make_agent(size: int) -> tdmpc2.Agent:
+    spec = EnvSpec("CheetahRun-v1", "dmc", 1, (OBS_DIM,), np.float32, False, None,
+                   (ACTION_DIM,), -np.ones(ACTION_DIM, np.float32),
+                   np.ones(ACTION_DIM, np.float32), 500)
+    return tdmpc2.make(spec, tdmpc2.config_block(model_size=size, batch_size=BATCH))
+
+
+def fixed_batch(agent: tdmpc2.Agent) -> dict:
+    k_obs, k_act, k_rew = jax.random.split(jax.random.PRNGKey(0), 3)
+    window = agent.hyper.horizon + 1
+    return {"obs": jax.random.normal(k_obs, (BATCH, window, OBS_DIM)),
+            "action": jax.random.uniform(k_act, (BATCH, window, ACTION_DIM), minval=-1,
+                                         maxval=1),
+            "reward": jax.random.uniform(k_rew, (BATCH, window)),
+            "terminated": jnp.zeros((BATCH, window), bool),
+            "is_first": jnp.zeros((BATCH, window), bool)}
+
+
+def row(size: int, what: str, fn, args, per_call: float, unit: str, repeats: int) -> dict:
+    jitted = backend.jit(fn)  # as training compiles it
+    state = {"args": args}
+
+    def call():
+        out = jitted(*state["args"])
+        if what == "update":  # the learner goes on, as in training
+            state["args"] = (out[0],) + state["args"][1:]
+        return out
+
+    timing = timed(call, repeats)
+    shapes = dot_shapes(fn, *args)
+    matmul_s = matmuls_alone(shapes, repeats)
+    flops = dot_flops(shapes)
+    return {"size": f"{size}M", "what": what, "s_per_call": timing.median,
+            f"{unit}_per_s": per_call / timing.median, "matmul_gflop": flops / 1e9,
+            "matmul_alone_s": matmul_s, "matmul_share": matmul_s / timing.median,
+            "gflops": flops / timing.median / 1e9, "compile_s": timing.compile_s,
+            "samples_s": timing.samples}
+
+
+def measure(size: int, repeats: int) -> list[dict]:
+    agent = make_agent(size)
+    learner = agent.init_learner(jax.random.PRNGKey(1))
+    rows = [row(size, "update", agent.update_step,
+                (learner, fixed_batch(agent), jax.random.PRNGKey(2)), 1, "updates", repeats)]
+    policy = agent.planner()
+    for envs in (1, 8):
+        carry = policy.init_carry(learner, envs)
+        obs = jax.random.normal(jax.random.PRNGKey(3), (envs, OBS_DIM))
+        args = (learner, carry, obs, jnp.zeros(envs, bool), jax.random.PRNGKey(4), 1.0)
+        rows.append(row(size, f"plan x{envs}", policy.act, args, envs, "env_steps", repeats))
+    mib, label = peak_memory()
+    for r in rows:
+        r["peak_mib"], r["memory"] = mib, label
+    return rows
+
+
+def run_peer(command: str) -> dict:
+    out = subprocess.run(command, shell=True, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = parser(__doc__, repeats=5)
+    p.add_argument("--sizes", default="1,5", help="comma-separated model sizes (M params)")
+    p.add_argument("--peer-command", default="",
+                   help="a command printing the reference's timings as one JSON line")
+    args = p.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.quick:
+        args.repeats, sizes = 1, [1]
+    rows, peers = [], []
+    if args.peer_command:
+        peers.append(run_peer(args.peer_command))
+    for size in sizes:
+        rows += measure(size, args.repeats)
+    if args.peer_command:
+        peers.append(run_peer(args.peer_command))
+    notes = [
+        f"update: batch {BATCH}, horizon 3, one update per call; plan: 6 MPPI iterations of 512 "
+        "samples (24 from the policy prior), 64 elites; median of "
+        f"{args.repeats} calls; compile_s: the first call.",
+        "matmul_share: the time of the program's matrix products run alone over the program's "
+        "time (1.0 = every cycle spent in matmuls at the rate this machine reaches for those "
+        "shapes).",
+        "peak_mib: " + rows[0]["memory"] + ".",
+    ]
+    if peers:
+        threads = peers[0].get("threads")
+        notes.append(f"Peer: nicklashansen/tdmpc2 (PyTorch {peers[0].get('torch')}, "
+                     f"{threads} thread(s), compile={peers[0].get('compile')}), "
+                     f"{len(peers)} runs, one before and one after jaxwm's.")
+        for r in rows:
+            key = {"update": "update_s", "plan x1": "plan_s"}.get(r["what"])
+            size = r["size"][:-1]
+            samples = [p["sizes"][size][key] for p in peers
+                       if key and size in p.get("sizes", {})]
+            if samples:
+                peer_s = median(samples)
+                r["peer_s"] = peer_s
+                r["speedup"] = peer_s / r["s_per_call"]
+                r["peer_matmul_share"] = r["matmul_alone_s"] / peer_s
+    columns = ["size", "what", "s_per_call", "updates_per_s", "env_steps_per_s", "peer_s",
+               "speedup", "matmul_gflop", "gflops", "matmul_share", "peer_matmul_share",
+               "compile_s", "peak_mib"]
+    write_results("tdmpc2", rows, hardware(), notes, columns=columns, quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()
