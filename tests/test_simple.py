@@ -237,7 +237,7 @@ def replay_of(rewards, dones, firsts):
         (1, 1, 3, 2, 2), jnp.uint8)
     chunk = {"frame": frames, "action": jnp.zeros((n, 1), jnp.int32),
              "reward": jnp.asarray(rewards, jnp.int8)[:, None],
-             "is_first": jnp.asarray(firsts)[:, None], "done": jnp.asarray(dones)[:, None],
+             "is_first": jnp.asarray(firsts, bool)[:, None], "done": jnp.asarray(dones, bool)[:, None],
              "value": jnp.zeros((n, 1)), "value_known": jnp.zeros((n, 1), bool)}
     return replay.add(chunk)
 

@@ -164,8 +164,9 @@ class Agent:
             optax.multi_transform(groups, wm.param_groups))
         model = clipped({"encoder": optax.adam(h.lr * h.enc_lr_scale),
                          "model": optax.adam(h.lr), "policy": optax.set_to_zero()})
-        policy = clipped({"encoder": optax.set_to_zero(), "model": optax.set_to_zero(),
-                          "policy": optax.adam(h.lr, eps=1e-5)})
+        # The policy prior's own optimiser, over its own parameters only (wm.policy_params).
+        policy = optax.chain(optax.clip_by_global_norm(h.grad_clip_norm),
+                             optax.adam(h.lr, eps=1e-5))
         return model, policy
 
     # ------------------------------------------------------------------ model calls
@@ -196,7 +197,7 @@ class Agent:
         model_tx, pi_tx = self.optimizers()
         # A copy, not the same buffers: updates donate the learner.
         target = jax.tree.map(jnp.copy, wm.q_params(params))
-        return Learner(params, target, model_tx.init(params), pi_tx.init(params),
+        return Learner(params, target, model_tx.init(params), pi_tx.init(wm.policy_params(params)),
                        RunningScale.create())
 
     def td_target(self, params, target_qs, next_z, reward, terminated, key):
@@ -272,17 +273,18 @@ class Agent:
         frozen_qs = jax.lax.stop_gradient(wm.q_params(params))
         rho_pi = h.rho ** jnp.arange(horizon + 1, dtype=jnp.float32)
 
-        def pi_loss(params):
-            a, info = self.pi(params, zs, k_pi)
+        def pi_loss(pi_params):
+            a, info = self.pi(wm.with_policy(params, pi_params), zs, k_pi)
             q = self.q_pair(frozen_qs, zs, a, k_pi_q, train=True).mean(0)
             scale = learner.scale.update(q[0], h.tau)
             objective = h.entropy_coef * info["scaled_entropy"] + q / scale.value
             loss = jnp.mean(rho_pi * masked_mean(-objective, valid))
             return loss, (scale, info)
 
-        (loss_pi, (scale, info)), grads = jax.value_and_grad(pi_loss, has_aux=True)(params)
-        updates, pi_opt = pi_tx.update(grads, learner.pi_opt, params)
-        params = optax.apply_updates(params, updates)
+        pi_params = wm.policy_params(params)
+        (loss_pi, (scale, info)), grads = jax.value_and_grad(pi_loss, has_aux=True)(pi_params)
+        updates, pi_opt = pi_tx.update(grads, learner.pi_opt, pi_params)
+        params = wm.with_policy(params, optax.apply_updates(pi_params, updates))
         target_qs = optax.incremental_update(wm.q_params(params), learner.target_qs, h.tau)
 
         metrics = {**{f"losses/{k}": v for k, v in losses.items()}, "losses/total": total,

@@ -120,8 +120,9 @@ def build(config) -> Algorithm:
         example = {"obs": jnp.zeros(spec.obs_shape, jnp.float32),
                    "action": jnp.zeros(agent.action_dim), "reward": jnp.zeros(()),
                    "terminated": jnp.zeros((), bool), "is_first": jnp.zeros((), bool)}
-        learner, replay = over_seeds(lambda k: (
-            agent.init_learner(k), SequenceReplay.create(t.capacity, example, num_envs)))(key)
+        # Jitted: one compilation, where flax's eager init compiles dozens of small ops.
+        learner, replay = backend.jit(over_seeds(lambda k: (
+            agent.init_learner(k), SequenceReplay.create(t.capacity, example, num_envs))))(key)
         learner, replay = parallel.replicate((learner, replay), mesh)
         return TDMPC2State(learner, replay, actor.init(learner))
 

@@ -238,6 +238,15 @@ def q_params(params):
     return params["params"]["qs"]
 
 
+def policy_params(params):
+    return params["params"]["policy"]
+
+
+def with_policy(params, policy):
+    """``params`` with the policy prior's parameters replaced by ``policy``."""
+    return {**params, "params": {**params["params"], "policy": policy}}
+
+
 def is_encoder(path) -> bool:
     return any(getattr(k, "key", None) == "encoder" for k in path)
 

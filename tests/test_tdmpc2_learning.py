@@ -1,0 +1,54 @@
+"""TD-MPC2 learning checks (``slow``): the 1M model with a lighter planner learns Pendulum-v1
+and DMC's cartpole-balance on a CPU. Budgets, thresholds and what the runs measured are in each
+test and in README.md ("Tests"); both run the whole schedule (seed -> pretrain -> train)
+through ``jaxwm.runner`` and read the run's ``metrics.jsonl``."""
+
+import json
+import os
+
+import pytest
+
+from jaxwm import runner
+from jaxwm.config import load
+
+pytestmark = pytest.mark.slow
+
+
+def evaluations(spec: str, workdir: str, **overrides) -> list[tuple[int, float]]:
+    """(env step, mean evaluation return) for every evaluation of the run."""
+    config = load(spec, {"log.progress": False, "checkpoint.every": "never", **overrides})
+    runner.run(config, workdir)
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    return [(r["counters/env_steps"], r["eval/episodic_return"]) for r in rows
+            if "eval/episodic_return" in r]
+
+
+def test_pendulum_reaches_minus_250(tmp_path):
+    """``configs/tdmpc2.py:pendulum`` as it ships: 1000 random steps, 1000 pretraining updates,
+    then 4000 steps with one update each (batch 128; MPPI 4 iterations of 256 samples),
+    evaluated on 5 episodes every 1000 steps and after the last update. Budget: 5000 env
+    steps. Measured (2026-11-25, 35 min on 2 cores with other runs beside it): -1517.0 (random,
+    1000), -243.2, -398.7, -144.6, -213.6 (5000) and -122.4 after the last update."""
+    evals = evaluations("configs/tdmpc2.py:pendulum", str(tmp_path))
+    print("Pendulum evaluations:", evals)
+    assert evals[-1][0] == 5000
+    assert evals[-1][1] >= -250, evals
+
+
+def test_cartpole_balance_reaches_800(tmp_path):
+    """DMC cartpole-balance (action repeat 2, 500-step episodes, returns on DMC's 0-1000
+    scale) with the 1M model and the pendulum config's lighter planner and batch. Budget:
+    CARTPOLE_STEPS env steps, the first 1000 random. NOT yet seen to pass: the one run so far
+    (2026-11-25, stopped at 12k steps after 66 min on 2 cores shared with other jobs)
+    evaluated 303.4 at 5k and 456.8 at 10k, with training episodes at 466-479 from 10k to 12k
+    (uniform random actions score 126-169 here, zero force ~383)."""
+    evals = evaluations("configs/tdmpc2.py:dmc", str(tmp_path), **CARTPOLE)
+    print("CartpoleBalance evaluations:", evals)
+    assert max(r for _, r in evals) >= 800, evals
+
+
+CARTPOLE_STEPS = 20_000
+CARTPOLE = {"env.id": "CartpoleBalance-v1", "model_size": 1, "total_env_steps": CARTPOLE_STEPS,
+            "tdmpc2.seed_steps": 1000, "tdmpc2.batch_size": 128, "tdmpc2.num_samples": 256,
+            "tdmpc2.iterations": 4, "eval.every": "5000 env_steps", "eval.num_envs": 5,
+            "eval.num_episodes": 5, "log.every": "1000 env_steps"}
