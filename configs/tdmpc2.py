@@ -4,7 +4,7 @@ python -m jaxwm.train --config=configs/tdmpc2.py:dmc --config.env.id=CheetahRun-
 python -m jaxwm.train --config=configs/tdmpc2.py:dmc --config.model_size=1 --config.env.id=CartpoleSwingup-v1
 python -m jaxwm.train --config=configs/tdmpc2.py:mujoco --config.env.id=Hopper-v4
 python -m jaxwm.train --config=configs/tdmpc2.py:pendulum  # the 1M model learns Pendulum on a CPU
-python -m jaxwm.train --config=configs/tdmpc2.py:tiny      # every hook and phase (minutes, mostly compilation)
+python -m jaxwm.train --config=configs/tdmpc2.py:tiny      # every hook and phase (minutes)
 python -m jaxwm.train --config=configs/tdmpc2.py:tiny \
     --config.env.id=CartpoleBalance-v1 --config.tdmpc2.horizon=5
 
