@@ -22,7 +22,7 @@ tdmpc2_torch.py`` is that command; the reference code is never committed), at th
 thread count.
 
     python benchmarks/tdmpc2.py --quick                  # 1M only, one repeat (~1 min)
-    python benchmarks/tdmpc2.py                          # 1M and 5M (~10 min on 2 cores)
+    python benchmarks/tdmpc2.py                          # 1M and 5M (~2 min on 2 cores)
     python benchmarks/tdmpc2.py --peer-command \\
         "$VENV/bin/python benchmarks/peers/tdmpc2_torch.py --src ../tdmpc2 --threads 2"
 """
