@@ -18,6 +18,7 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 
@@ -207,6 +208,13 @@ def ppo_end_to_end(config, window_s: float, repeats: int, max_iterations: int,
             "iterations": f"{repeats} x {n}", "steps_per_iteration": steps_per_iteration,
             "samples_steps_per_s": sps, "peak_mem_mib": memory, "mem_kind": memory_kind,
             **extra}
+
+
+def run_peer(command: str) -> dict:
+    """Runs a peer benchmark (the original code, outside this repository) by its shell
+    ``command`` and returns the JSON object its last printed line holds."""
+    out = subprocess.run(command, shell=True, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 # ----------------------------------------------------------------------------- matmuls

@@ -31,15 +31,13 @@ Without it the figures of benchmarks/REFERENCES.md are quoted.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 import optax
-from common import block, hardware, median, parser, peak_memory, write_results
+from common import block, hardware, median, parser, peak_memory, run_peer, write_results
 
 from jaxwm import backend
 from jaxwm.agents import ppo
@@ -195,11 +193,6 @@ def _spec(config):
         env.close()
 
 
-def run_mbarc(command: str) -> dict:
-    out = subprocess.run(command, shell=True, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     p = parser(__doc__, repeats=3)
     p.add_argument("--sizes", default="tiny,full", help="comma-separated model sizes")
@@ -212,10 +205,10 @@ def main() -> None:
     rows, peers = [], []
     for size in sizes:
         if args.mbarc_command and size == "full":  # interleaved: peer, jaxwm, peer
-            peers.append(run_mbarc(args.mbarc_command))
+            peers.append(run_peer(args.mbarc_command))
         rows += measure(size, args.repeats)
     if args.mbarc_command and "full" in sizes:
-        peers.append(run_mbarc(args.mbarc_command))
+        peers.append(run_peer(args.mbarc_command))
     hw = hardware()
     notes = [
         "s_per_optimizer_step: the update_model hook (a training rollout at batch 4, one "

@@ -29,9 +29,6 @@ thread count.
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,6 +40,7 @@ from common import (
     median,
     parser,
     peak_memory,
+    run_peer,
     timed,
     write_results,
 )
@@ -109,11 +107,6 @@ def measure(size: int, repeats: int) -> list[dict]:
     for r in rows:
         r["peak_mib"], r["memory"] = mib, label
     return rows
-
-
-def run_peer(command: str) -> dict:
-    out = subprocess.run(command, shell=True, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
