@@ -31,6 +31,7 @@ class _ResetCell(nn.Module):
 class RNN(Backbone):
     kind: str = "lstm"  # lstm | gru
     features: int = 256
+    norm: bool = True  # the LayerNorm on the output (BenchNetRL's); World Models' MDN-RNN has none
 
     def initialize_carry(self, batch_size: int):
         # Separate buffers for c and h: a carry is donated, and one buffer donated twice fails.
@@ -42,7 +43,7 @@ class RNN(Backbone):
         scan = nn.scan(_ResetCell, variable_broadcast="params", split_rngs={"params": False},
                        in_axes=1, out_axes=1)
         carry, y = scan(self.kind, self.features, name="cell")(carry, (x, reset))
-        return carry, nn.LayerNorm(name="norm")(y)
+        return carry, nn.LayerNorm(name="norm")(y) if self.norm else y
 
 
 class BlockLinear(nn.Module):

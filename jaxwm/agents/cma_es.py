@@ -1,0 +1,93 @@
+"""World Models' controller C and its optimiser, CMA-ES (Ha & Schmidhuber 2018, sec. 2.3 and
+3.3; Hansen 2016, "The CMA Evolution Strategy: A Tutorial").
+
+The controller is one linear layer, ``a = tanh(W [z, h] + b)``: 32 + 256 inputs, 3 actions,
+(32 + 256) x 3 + 3 = 867 parameters, evolved as one flat vector. CarRacing's gas and brake
+live in [0, 1]: the reference rescales the gas from tanh's [-1, 1] as ``(a + 1) / 2`` and
+clips the brake at 0 (``carracing/model.py``); ``to_env`` does the same for any box whose
+low bound is 0.
+
+CMA-ES comes from evosax (Lange 2022, "evosax: JAX-based Evolution Strategies"), a maintained
+JAX library: its ask and tell are pure functions over a state pytree, so one generation
+(ask -> evaluate the population -> tell) is a single jitted function, and the evolution state
+is checkpointed like any other. Writing CMA-ES again (rank-one and rank-mu updates,
+cumulative step-size adaptation, eigendecompositions) would be a second, less tested copy.
+evosax minimises; ``tell`` here takes returns and negates them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+MIN_POPULATION = 4  # CMA-ES needs a few candidates to estimate a covariance
+
+
+@dataclasses.dataclass(frozen=True)
+class Controller:
+    """``tanh(W [z, h] + b)`` over a flat parameter vector."""
+
+    input_dim: int  # z_dim + hidden
+    action_dim: int
+
+    @property
+    def num_params(self) -> int:
+        return (self.input_dim + 1) * self.action_dim
+
+    def act(self, flat: jax.Array, features: jax.Array) -> jax.Array:
+        """``features`` [..., input_dim] -> actions in [-1, 1] [..., action_dim]."""
+        w = flat[: self.input_dim * self.action_dim].reshape(self.input_dim, self.action_dim)
+        b = flat[self.input_dim * self.action_dim:]
+        return jnp.tanh(features @ w + b)
+
+
+def to_env(action: jax.Array, low: jax.Array, high: jax.Array) -> jax.Array:
+    """tanh's [-1, 1] into a box as the reference does for CarRacing: dimensions whose low
+    bound is 0 (gas, brake) are rescaled to [0, 1]; the others are clipped to the box."""
+    unit = jnp.where(low >= 0, (action + 1) / 2, action)
+    return jnp.clip(unit, low, high)
+
+
+@dataclasses.dataclass(frozen=True)
+class Evolution:
+    """CMA-ES over ``num_params`` numbers with ``population`` candidates per generation,
+    starting from zeros with step size ``sigma`` (the reference's 0.1)."""
+
+    num_params: int
+    population: int = 64
+    sigma: float = 0.1
+
+    def __post_init__(self):
+        if self.population < MIN_POPULATION:
+            raise ValueError(f"CMA-ES needs a population of at least {MIN_POPULATION}, got "
+                             f"{self.population}.")
+
+    @property
+    def strategy(self):
+        from evosax.algorithms import CMA_ES
+
+        return CMA_ES(population_size=self.population, solution=jnp.zeros(self.num_params))
+
+    @property
+    def params(self):
+        return self.strategy.default_params.replace(std_init=self.sigma)
+
+    def init(self, key) -> Any:
+        return self.strategy.init(key, jnp.zeros(self.num_params), self.params)
+
+    def ask(self, state, key) -> tuple[jax.Array, Any]:
+        """Candidates [population, num_params] and the state that asked for them."""
+        return self.strategy.ask(key, state, self.params)
+
+    def tell(self, state, candidates, returns, key):
+        """The state after ``candidates`` scored ``returns`` [population] (higher better),
+        and metrics: the generation's best, mean and std of returns, the step size."""
+        state, _ = self.strategy.tell(key, candidates, -returns, state, self.params)
+        return state, {"cma/return_best": jnp.max(returns), "cma/return_mean": jnp.mean(returns),
+                       "cma/return_std": jnp.std(returns), "cma/sigma": state.std}
+
+    def mean(self, state) -> jax.Array:
+        return state.mean

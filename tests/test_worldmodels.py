@@ -1,0 +1,141 @@
+"""World Models' pieces (models/vae.py, models/mdnrnn.py, agents/cma_es.py): sizes against
+the paper, losses against hand numbers, one update lowers each loss, CMA-ES finds a known
+optimum."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxwm.agents import cma_es
+from jaxwm.models import mdnrnn, vae
+
+
+def count(params) -> int:
+    return sum(x.size for x in jax.tree.leaves(params))
+
+
+def test_vae_shapes_and_parameter_count_match_the_paper():
+    """The paper's V has 4,348,547 parameters (Ha & Schmidhuber 2018, appendix A.1)."""
+    model = vae.ConvVAE()
+    params = vae.init(model, jax.random.key(0))
+    assert count(params) == 4_348_547
+    frames = jnp.zeros((2, 64, 64, 3))
+    mu, logvar = model.apply(params, frames, method=vae.ConvVAE.encode)
+    assert mu.shape == logvar.shape == (2, 32)
+    out = model.apply(params, mu, method=vae.ConvVAE.decode)
+    assert out.shape == (2, 64, 64, 3) and bool(jnp.all((out > 0) & (out < 1)))
+
+
+def test_kl_and_its_free_bits_by_hand():
+    mu, logvar = jnp.zeros((1, 32)), jnp.zeros((1, 32))
+    assert float(vae.kl_divergence(mu, logvar)[0]) == 0.0
+    # N(3, 1) per dimension: 0.5 * 3^2 each, 144 over 32 dims
+    assert float(vae.kl_divergence(mu + 3, logvar)[0]) == pytest.approx(144.0)
+    # logvar = log 4: 0.5 * (4 - 1 - log 4) per dimension
+    expected = 32 * 0.5 * (4 - 1 - math.log(4))
+    assert float(vae.kl_divergence(mu, logvar + math.log(4))[0]) == pytest.approx(expected, 1e-5)
+
+
+def fit(loss_fn, params, steps, lr):
+    opt = optax.adam(lr)
+    state = opt.init(params)
+
+    @jax.jit
+    def step(params, state, key):
+        (value, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, key)
+        updates, state = opt.update(grads, state)
+        return optax.apply_updates(params, updates), state, value
+
+    values = []
+    for i in range(steps):
+        params, state, value = step(params, state, jax.random.key(i))
+        values.append(float(value))
+    return values
+
+
+def test_vae_updates_lower_its_loss_on_a_fixed_batch():
+    model = vae.ConvVAE()
+    params = vae.init(model, jax.random.key(0))
+    frames = jax.random.uniform(jax.random.key(1), (8, 64, 64, 3))
+    frames = frames.at[:, 20:40, 10:50].set(0.9)  # some structure to reconstruct
+    values = fit(lambda p, k: vae.loss(model, p, frames, k), params, 15, 1e-3)
+    assert values[-1] < 0.9 * values[0], values
+    _, metrics = vae.loss(model, params, frames, jax.random.key(0))
+    assert float(metrics["vae/kl_floored"]) >= 16.0  # 0.5 x 32 free nats
+
+
+def test_mixture_log_likelihood_by_hand():
+    """Two components, weights 0.3 / 0.7, N(0, 1) and N(2, 0.5^2), at y = 1."""
+    log_pi = jnp.log(jnp.array([0.3, 0.7]))
+    mu = jnp.array([0.0, 2.0])
+    log_sigma = jnp.log(jnp.array([1.0, 0.5]))
+
+    def normal(y, m, s):
+        return math.exp(-0.5 * ((y - m) / s) ** 2) / (s * math.sqrt(2 * math.pi))
+
+    expected = math.log(0.3 * normal(1, 0, 1) + 0.7 * normal(1, 2, 0.5))
+    got = float(mdnrnn.mixture_log_prob(log_pi, mu, log_sigma, jnp.array(1.0)))
+    assert got == pytest.approx(expected, 1e-6)
+
+
+def test_low_temperature_samples_the_heaviest_mixture_at_its_mean():
+    outputs = {"log_pi": jnp.log(jnp.array([[0.1, 0.9]] * 4)),
+               "mu": jnp.array([[-5.0, 3.0]] * 4), "log_sigma": jnp.zeros((4, 2))}
+    z = mdnrnn.sample(outputs, jax.random.key(0), temperature=1e-3)
+    np.testing.assert_allclose(z, 3.0, atol=0.2)
+
+
+def test_mdnrnn_updates_lower_its_loss_and_heads_are_optional():
+    hyper = mdnrnn.MDNHyper(z_dim=8, hidden=32, predict_reward=True, predict_done=True)
+    model = mdnrnn.MDNRNN(hyper)
+    params = mdnrnn.init(model, jax.random.key(0), action_dim=3)
+    key = jax.random.key(1)
+    t = jnp.arange(11)[None, :, None] * 0.3
+    batch = {"z": jnp.sin(t + jnp.arange(8)) * jnp.ones((4, 1, 1)),  # predictable latents
+             "action": jax.random.uniform(key, (4, 10, 3)),
+             "reward": jnp.ones((4, 10)), "done": jnp.zeros((4, 10), bool)}
+    values = fit(lambda p, k: mdnrnn.loss(model, p, batch), params, 30, 3e-3)
+    assert values[-1] < values[0] - 1.0, values
+    _, metrics = mdnrnn.loss(model, params, batch)
+    assert {"rnn/z_nll", "rnn/reward_mse", "rnn/done_bce"} <= set(metrics)
+    plain = mdnrnn.MDNRNN(mdnrnn.MDNHyper())
+    assert "reward" not in mdnrnn.init(plain, key, 3)["params"]
+
+
+def test_controller_has_the_papers_867_parameters_and_maps_gas_to_zero_one():
+    controller = cma_es.Controller(input_dim=32 + 256, action_dim=3)
+    assert controller.num_params == 867
+    flat = jnp.zeros(867).at[-3:].set(jnp.array([5.0, 5.0, -5.0]))  # biases only
+    action = controller.act(flat, jnp.ones(288))
+    low, high = jnp.array([-1.0, 0.0, 0.0]), jnp.array([1.0, 1.0, 1.0])
+    env = cma_es.to_env(action, low, high)
+    np.testing.assert_allclose(env, [np.tanh(5.0), (np.tanh(5.0) + 1) / 2,
+                                     (np.tanh(-5.0) + 1) / 2], atol=1e-6)
+
+
+def test_cma_es_finds_the_maximum_of_a_known_function():
+    """Returns -||x - 1.5||^2 over 10 numbers: the mean converges to 1.5 in 60 generations
+    of 16, each generation one jitted ask -> evaluate -> tell."""
+    evolution = cma_es.Evolution(num_params=10, population=16, sigma=0.5)
+
+    @jax.jit
+    def generation(state, key):
+        k_ask, k_tell = jax.random.split(key)
+        candidates, state = evolution.ask(state, k_ask)
+        returns = -jnp.sum((candidates - 1.5) ** 2, -1)
+        return evolution.tell(state, candidates, returns, k_tell)
+
+    state = evolution.init(jax.random.key(0))
+    for i in range(60):
+        state, metrics = generation(state, jax.random.key(i + 1))
+    np.testing.assert_allclose(evolution.mean(state), 1.5, atol=0.05)
+    assert float(metrics["cma/return_best"]) > -0.01
+
+
+def test_cma_es_refuses_a_population_it_cannot_use():
+    with pytest.raises(ValueError, match="population of at least 4"):
+        cma_es.Evolution(num_params=3, population=2)
