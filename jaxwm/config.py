@@ -40,6 +40,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.log.every = "10000 env_steps"
     c.log.x_axis = "env_steps"  # the counter TensorBoard and metrics.jsonl plot against
     c.log.progress = True
+    # Weights & Biases (jaxwm.loop.wandb_sink; pip install 'jaxwm[wandb]'): on when project is
+    # set; group defaults to the algorithm, name to the run directory's.
+    c.log.wandb = ml_collections.ConfigDict(
+        {"project": "", "entity": "", "group": "", "name": "", "mode": "offline"})
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = "100000 env_steps"
@@ -124,6 +128,10 @@ def validate_common(c: ml_collections.ConfigDict) -> None:
              f"env.batch_size={c.env.batch_size} must be in [0, env.num_envs={c.env.num_envs}]:"
              " an asynchronous pool returns batch_size of its num_envs envs per step (0: all "
              "of them, synchronously).")
+    from jaxwm.loop.wandb_sink import check_config
+
+    wandb_problem = check_config(c)
+    _require(wandb_problem is None, wandb_problem or "")
     _require(c.eval.temperature >= 0, f"eval.temperature must be >= 0 (0: greedy), got "
              f"{c.eval.temperature}.")
     _require(c.eval.action_noise >= 0 and c.eval.obs_noise >= 0,

@@ -59,6 +59,53 @@ def make_missing_inputs(config) -> None:
                       train_steps=make.train_steps, seed=config.seed)
 
 
+def dry_run(config, workdir: str) -> str:
+    """What ``python -m jaxwm.train --dry_run`` prints: the resolved config, validated, and
+    the phase table (hooks per cycle, cycles, and what each phase adds to every counter),
+    with the run directory and any input that would be made first. Builds nothing, compiles
+    nothing and touches nothing on disk (one env is made in memory to read its spaces)."""
+    from jaxwm.config import ConfigError
+    from jaxwm.loop.algorithm import EVALUATE
+    from jaxwm.loop.phases import phases_from_config, plan
+
+    spec = validate(config)
+    module = algos.get(config.algo)
+    derived = module.phase_hooks(config) if hasattr(module, "phase_hooks") else None
+    phases = phases_from_config(config, derived)
+    counts = module.hook_counts(config)
+    for phase in phases:
+        for name, _ in phase.hooks:
+            if name != EVALUATE and name not in counts:
+                raise ConfigError(f"phases.{phase.name}.hooks: {config.algo} has no hook "
+                                  f"{name!r}; its hooks are {', '.join(counts)} (and evaluate).")
+    rows = plan(phases, counts)
+    counters = sorted({k for row in rows for k in row["counts"] if k != "iterations"})
+    header = ["phase", "hooks per cycle", "duration", "cycles", *counters]
+    table = [header, ["---"] * len(header)]
+    for row in rows:
+        phase = row["phase"]
+        hooks = " ".join(name if calls == 1 else f"{name}:{calls}" for name, calls in phase.hooks)
+        table.append([phase.name, hooks, f"{phase.duration:,} {phase.unit}"
+                      + (f" (until {phase.until})" if phase.until else ""), f"{row['cycles']:,}",
+                      *(f"{row['counts'].get(k, 0):,}" for k in counters)])
+    table.append(["total", "", "", f"{sum(r['cycles'] for r in rows):,}",
+                  *(f"{sum(r['counts'].get(k, 0) for r in rows):,}" for k in counters)])
+    lines = ["| " + " | ".join(cells) + " |" for cells in table]
+    dataset = os.path.expanduser(str(config.get("dataset", "") or ""))
+    make = config.get("dataset_make")
+    notes = [f"Run directory: {workdir}"
+             + (" (exists: --config.resume=True continues it)" if os.path.exists(workdir) else ""),
+             f"Env: {spec.env_id} ({spec.family}), observations {spec.obs_shape}, "
+             + (f"{spec.num_actions} discrete actions" if spec.discrete
+                else f"actions {spec.action_shape}")]
+    if dataset and not os.path.exists(dataset) and make is not None and make.level:
+        notes.append(f"{dataset} is missing: the run would first make it "
+                     f"(jaxwm.tools.make_dataset, {make.level}, {make.size:,} transitions).")
+    return "\n".join(["# Resolved config (validated)", config.to_json_best_effort(indent=2), "",
+                      "# Phases", *lines, "", *notes,
+                      "Dry run: nothing was built, compiled or written."])
+
+
 def run(config, workdir: str):
     """Validates, makes missing inputs, builds and trains; returns the trainer's final
     metrics."""

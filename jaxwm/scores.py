@@ -66,3 +66,37 @@ def normalized_score(returns, reference: tuple[float, float] | None):
         return np.full_like(returns, np.nan)
     low, high = reference
     return 100.0 * (returns - low) / (high - low)
+
+
+def dmc_score(returns):
+    """DMC's returns as a fraction of the most a 1000-step episode can earn (every step's
+    reward is in [0, 1]): ``R / 1000``."""
+    return np.asarray(returns, np.float64) / 1000.0
+
+
+class UnknownNormalization(ValueError):
+    """A normalisation that does not exist, or has no reference for an env."""
+
+
+# name -> (what it means, returns x env id -> normalised scores)
+NORMALIZATIONS = {
+    "raw": ("raw returns", lambda r, env_id: np.asarray(r, np.float64)),
+    "atari_hns": ("Atari human-normalised score (1 = human)", human_normalized_score),
+    "d4rl": ("D4RL normalised score (100 = expert)",
+             lambda r, env_id: normalized_score(r, reference_returns(env_id))),
+    "dmc": ("DMC return / 1000", lambda r, env_id: dmc_score(r)),
+}
+
+
+def normalize(returns, env_id: str, kind: str):
+    """``returns`` of ``env_id`` under the normalisation ``kind`` (``NORMALIZATIONS``);
+    ``UnknownNormalization`` for an unknown kind or an env it has no reference for."""
+    if kind not in NORMALIZATIONS:
+        raise UnknownNormalization(f"unknown normalisation {kind!r}; choose one of "
+                                   f"{', '.join(NORMALIZATIONS)}.")
+    scores = NORMALIZATIONS[kind][1](returns, env_id)
+    if np.size(scores) and np.isnan(scores).all() and not np.isnan(returns).all():
+        raise UnknownNormalization(
+            f"{kind} has no reference returns for {env_id}: use --normalize raw (or dmc for "
+            "DMC tasks), or group this env apart.")
+    return scores

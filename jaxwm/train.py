@@ -19,10 +19,12 @@ from jaxwm.loop.checkpoint import IncompatibleCheckpointError, WriteError
 
 # The flag-free entry points, re-exported: code that trains in-process (tests, benchmarks,
 # make_dataset) imports jaxwm.runner, never this module, whose flags exist once per process.
-from jaxwm.runner import default_workdir, run, validate  # noqa: F401
+from jaxwm.runner import default_workdir, dry_run, run, validate  # noqa: F401
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/ppo.py:cartpole")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default runs/<algo>_<env>_s<seed>)")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Validate, print the resolved config and the "
+                             "phase table, and exit without building or writing anything")
 
 
 def explain_flag_error(error: Exception) -> str:
@@ -63,6 +65,9 @@ def main(argv=None) -> int:
         return 2
     workdir = _WORKDIR.value or default_workdir(config)
     try:
+        if _DRY_RUN.value:
+            print(dry_run(config, workdir))
+            return 0
         summary = run(config, workdir)
     except (ConfigError, UnknownEnvError, IncompatibleCheckpointError, WriteError,
             FloatingPointError) as e:

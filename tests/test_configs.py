@@ -5,6 +5,8 @@ fails here rather than on a user's first command."""
 import glob
 import importlib.util
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -25,16 +27,39 @@ def variants():
 
 
 @pytest.mark.parametrize("spec", list(variants()))
-def test_every_config_variant_validates(spec):
+def test_every_config_variant_validates(spec, tmp_path):
+    """... through ``--dry_run``'s code: validation, then the phase table from the
+    algorithm's ``hook_counts``, with nothing written."""
     config = jaxwm.config.load(os.path.join(ROOT, spec))
     try:
-        runner.validate(config)
+        printed = runner.dry_run(config, str(tmp_path / "run"))
     except ConfigError as e:  # the one environment-dependent refusal: dm_control's pixel
         # variants need an OpenGL renderer (EGL/OSMesa), which a headless machine may lack;
         # that is the machine's limit, not the config's, so it skips with the message
         if "OpenGL" not in str(e) and "dm_control" not in str(e):
             raise
         pytest.skip(f"{spec}: {e}")
+    assert "| total |" in printed and "nothing was built" in printed
+    assert os.listdir(tmp_path) == []
+
+
+def test_dry_run_prints_the_phase_table_and_writes_nothing(tmp_path):
+    """``python -m jaxwm.train --dry_run``: the resolved config (with the command line's
+    overrides) and each phase's derived counts, and no file anywhere."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxwm.train", f"--config={ROOT}/configs/ppo.py:cartpole",
+         "--config.total_env_steps=10000", "--config.ppo.num_steps=128", "--dry_run"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert '"total_env_steps": 10000' in proc.stdout
+    config = jaxwm.config.load(os.path.join(ROOT, "configs/ppo.py:cartpole"),
+                               {"total_env_steps": 10000, "ppo.num_steps": 128})
+    per_rollout = config.env.num_envs * 128
+    rollouts = -(-10000 // per_rollout)
+    updates = rollouts * config.ppo.update_epochs * config.ppo.num_minibatches
+    assert f"| total |  |  | {rollouts:,} | {updates:,} | {rollouts * per_rollout:,} |" \
+        in proc.stdout, proc.stdout[-1500:]
+    assert os.listdir(tmp_path) == []
 
 
 def test_every_setting_that_may_change_on_resume_exists_in_a_config():

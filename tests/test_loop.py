@@ -658,3 +658,66 @@ def test_processes_preparing_one_workdir_at_once_do_not_trip_over_each_other(tmp
         t.join()
     assert errors == []
     assert os.listdir(tmp_path / "run") == []  # no probe left behind
+
+
+def test_wandb_offline_logs_the_run_and_a_resume_continues_the_same_run(tmp_path):
+    """``log.wandb.project`` set: an offline W&B run under <workdir>/wandb with the config,
+    the scalars at the x-axis and media; the resumed run reopens the same run id."""
+    pytest.importorskip("wandb")
+
+    def collect(state, data, key):
+        frames = jax.random.uniform(key, (4, 8, 8, 3))
+        return state, {}, {"model/prediction": Video(frames, fps=10),
+                           "charts/episodic_return": jnp.float32(2.0)}
+
+    def algorithm():
+        return Algorithm(name="media", init=lambda key: {"w": jnp.zeros(())},
+                         hooks={"collect": Hook(collect, counts={"env_steps": 5})})
+
+    config = toy_config()
+    config.phase_order = ("warmup",)
+    config.phases.warmup = dict(unit="env_steps", duration=20, hooks=("collect",))
+    config.log.wandb.project = "jaxwm-test"
+    config.checkpoint.every = "10 env_steps"
+    Trainer(config, algorithm(), str(tmp_path)).run()
+    run_id = open(tmp_path / "wandb_run_id").read().strip()
+    (first,) = glob.glob(str(tmp_path / "wandb" / f"offline-run-*-{run_id}"))
+    assert glob.glob(os.path.join(first, "*.wandb"))
+    assert glob.glob(os.path.join(first, "files", "media", "videos", "**", "*.gif"),
+                     recursive=True)  # the loop's GIF, as W&B media
+
+    config.phases.warmup = dict(unit="env_steps", duration=30, hooks=("collect",))
+    config.resume = True
+    Trainer(config, algorithm(), str(tmp_path)).run()
+    assert open(tmp_path / "wandb_run_id").read().strip() == run_id
+    runs = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    assert len(runs) == 2 and all(r.endswith(run_id) for r in runs)
+    # jaxwm.report's columns: training wall time runs on across the resume; progress is of
+    # the run's plan at the time (20 steps, then 30 after the resume lengthened it)
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    walls = [r["charts/wall_seconds"] for r in rows]
+    assert [r["step"] for r in rows] == [10, 20, 30] and walls == sorted(walls) and walls[0] > 0
+    assert [r["charts/progress"] for r in rows] == [0.5, 1.0, 1.0]  # of the plan at the time
+
+
+def test_wandb_without_the_package_is_a_one_line_error(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_wandb(name, *args, **kwargs):
+        if name == "wandb":
+            raise ImportError("No module named 'wandb'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    from jaxwm.config import validate_common
+
+    config = toy_config()
+    validate_common(config)  # off: nothing is imported
+    config.log.wandb.project = "p"
+    with pytest.raises(ConfigError, match=r"pip install 'jaxwm\[wandb\]'"):
+        validate_common(config)
+    config.log.wandb.mode = "sometimes"
+    with pytest.raises(ConfigError, match="log.wandb.mode must be one of"):
+        validate_common(config)

@@ -151,6 +151,13 @@ def validate_env(config, spec) -> None:
                           f"shape {spec.obs_shape}.")
 
 
+def hook_counts(config) -> dict[str, dict[str, int]]:
+    """What one call of each hook adds to each counter (``build``'s hooks and
+    ``python -m jaxwm.train --dry_run``'s phase table: one source)."""
+    return {"collect": {"env_steps": config.env.num_envs * config.dreamer.steps_per_collect},
+            "update_model": {"model_updates": 1}}
+
+
 def build(config) -> Algorithm:
     d, num_envs = config.dreamer, config.env.num_envs  # envs per seed
     env = acting.make_pool(config)
@@ -234,8 +241,8 @@ def build(config) -> Algorithm:
         name="DreamerV3",
         init=init,
         hooks={
-            "collect": Hook(actor.replay_hook(), counts={"env_steps": num_envs * d.steps_per_collect}),
-            "update_model": Hook(train_hook, counts={"model_updates": 1}),
+            "collect": Hook(actor.replay_hook(), counts=hook_counts(config)["collect"]),
+            "update_model": Hook(train_hook, counts=hook_counts(config)["update_model"]),
         },
         policy=policy,
         phase_hooks=phase_hooks(config),

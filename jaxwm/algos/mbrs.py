@@ -65,6 +65,15 @@ def validate(config) -> None:
              (0.0 <= m.prior_momentum < 1.0, "mbrs.prior_momentum must be in [0, 1).")])
 
 
+def hook_counts(config) -> dict[str, dict[str, int]]:
+    """What one call of each hook adds to each counter (``build``'s hooks and
+    ``python -m jaxwm.train --dry_run``'s phase table: one source)."""
+    m = config.mbrs
+    return {"collect": {"env_steps": config.env.num_envs * m.steps_per_collect},
+            "update_model": {"model_updates": m.model_updates_per_call},
+            "imagine": {}, "update_agent": {"agent_updates": 1}}
+
+
 def build(config) -> Algorithm:
     m = config.mbrs
     env = acting.make_pool(config)
@@ -165,17 +174,17 @@ def build(config) -> Algorithm:
         new, metrics = _update_agent(state.replace(actor=None), data["elites"])
         return new.replace(actor=state.actor), {}, metrics
 
+    counts = hook_counts(config)
     return Algorithm(
         name="MBRS",
         init=init,
         hooks={
             "collect": Hook(actor.replay_hook(lambda state: (state.model, state.prior)),
-                            counts={"env_steps": config.env.num_envs * m.steps_per_collect}),
-            "update_model": Hook(update_model_hook,
-                                 counts={"model_updates": m.model_updates_per_call}),
+                            counts=counts["collect"]),
+            "update_model": Hook(update_model_hook, counts=counts["update_model"]),
             "imagine": Hook(imagine_hook, writes=("elites",)),
             "update_agent": Hook(update_agent_hook, reads=("elites",),
-                                 counts={"agent_updates": 1}),
+                                 counts=counts["update_agent"]),
         },
         policy=policy,
         policy_params=lambda state: (state.model, state.prior),

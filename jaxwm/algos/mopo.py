@@ -267,6 +267,13 @@ def branch_rollout(model_spec: ensemble.EnsembleSpec, model, policy: acting.Poli
     return batch, valid, metrics
 
 
+def hook_counts(config) -> dict[str, dict[str, int]]:
+    """What one call of each hook adds to each counter (``build``'s hooks and
+    ``python -m jaxwm.train --dry_run``'s phase table: one source)."""
+    return {"update_model": {"model_epochs": 1}, "imagine": {"model_rollouts": 1},
+            "update_agent": {"agent_updates": config.mopo.updates_per_epoch}}
+
+
 def build(config) -> Algorithm:
     m, s = config.mopo, config.sac
     dataset = load_for(config)
@@ -388,16 +395,17 @@ def build(config) -> Algorithm:
         return state, {}, metrics
 
     rollout_reads = ("dataset", "density") if "density" in data else ("dataset",)
+    counts = hook_counts(config)
     return Algorithm(
         name=config.algo.upper(),
         init=init,
         hooks={
-            "update_model": Hook(update_model_hook, counts={"model_epochs": 1},
+            "update_model": Hook(update_model_hook, counts=counts["update_model"],
                                  reads=("dataset", "model_split")),
-            "imagine": Hook(imagine_hook, counts={"model_rollouts": 1}, reads=rollout_reads),
+            "imagine": Hook(imagine_hook, counts=counts["imagine"], reads=rollout_reads),
             "update_agent": Hook(learner_update(_sac_updates, lambda state, data: (
                 state.buffer, data["dataset"])), reads=("dataset",),
-                                 counts={"agent_updates": m.updates_per_epoch}),
+                                 counts=counts["update_agent"]),
         },
         data=data,
         artifacts=artifacts,

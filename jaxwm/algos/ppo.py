@@ -156,6 +156,17 @@ def merge_over_processes(start, statistics, metrics):
     return statistics, {**{k: jnp.asarray(v[0]) for k, v in gathered.items()}, **merged}
 
 
+def hook_counts(config) -> dict[str, dict[str, int]]:
+    """What one call of each hook adds to each counter (``build``'s hooks and
+    ``python -m jaxwm.train --dry_run``'s phase table: one source)."""
+    # Counted per seed: each agent's own experience (loop.seeds); a process's own rows.
+    rows = config.env.batch_size if pool_is_async(config) else \
+        config.env.num_envs // jax.process_count()
+    p = config.ppo
+    return {"collect": {"env_steps": rows * p.num_steps},
+            "update_agent": {"agent_updates": p.update_epochs * p.num_minibatches}}
+
+
 def build(config) -> Algorithm:
     num_seeds = config.num_seeds
     processes, process = jax.process_count(), jax.process_index()
@@ -219,11 +230,10 @@ def build(config) -> Algorithm:
         name="PPO",
         init=init,
         hooks={
-            # Counted per seed: each agent's own experience (loop.seeds).
-            "collect": Hook(collect_hook, counts={"env_steps": rows * hyper.num_steps},
+            "collect": Hook(collect_hook, counts=hook_counts(config)["collect"],
                             writes=("rollout",)),
-            "update_agent": Hook(learner_update(update, rollout_of), reads=("rollout",), counts={
-                "agent_updates": hyper.update_epochs * hyper.num_minibatches}),
+            "update_agent": Hook(learner_update(update, rollout_of), reads=("rollout",),
+                                 counts=hook_counts(config)["update_agent"]),
         },
         policy=ppo.policy(network, hyper),
         close=actor.close,

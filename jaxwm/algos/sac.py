@@ -64,6 +64,13 @@ def finish(params, start, steps, final, completed):
     return final.carry, (acting.transitions(steps, final), episode_metrics(completed))
 
 
+def hook_counts(config) -> dict[str, dict[str, int]]:
+    """What one call of each hook adds to each counter (``build``'s hooks and
+    ``python -m jaxwm.train --dry_run``'s phase table: one source)."""
+    return {"collect": {"env_steps": config.env.num_envs * config.sac.steps_per_collect},
+            "update_agent": {"agent_updates": updates_per_collect(config)}}
+
+
 def build(config) -> Algorithm:
     env = acting.make_pool(config)
     s = config.sac
@@ -98,10 +105,9 @@ def build(config) -> Algorithm:
         name="SAC",
         init=init,
         hooks={
-            "collect": Hook(actor.replay_hook(),
-                            counts={"env_steps": config.env.num_envs * s.steps_per_collect}),
+            "collect": Hook(actor.replay_hook(), counts=hook_counts(config)["collect"]),
             "update_agent": Hook(learner_update(_update, lambda state, data: (state.replay,)),
-                                 counts={"agent_updates": num_updates}),
+                                 counts=hook_counts(config)["update_agent"]),
         },
         policy=policy,
         close=actor.close,

@@ -352,6 +352,18 @@ def adafactor(clip: float = 1.0) -> optax.GradientTransformation:
         multiply_by_parameter_scale=True, clipping_threshold=1.0))
 
 
+def hook_counts(config) -> dict[str, dict[str, int]]:
+    """What one call of each hook adds to each counter (``build``'s hooks and
+    ``python -m jaxwm.train --dry_run``'s phase table: one source)."""
+    s, p = config.simple, config.ppo
+    return {"collect": {"env_steps": config.env.num_envs * s.collect_steps},
+            "report_model": {},
+            "update_model": {"model_updates": s.rollout_length},
+            "update_reward": {"reward_updates": s.reward_steps_per_call},
+            "update_agent": {"agent_updates": p.update_epochs * p.num_minibatches,
+                             "sim_steps": s.sim.num_agents * p.num_steps}}
+
+
 def build(config) -> Algorithm:
     s, p = config.simple, config.ppo
     env = acting.make_pool(config)
@@ -370,7 +382,6 @@ def build(config) -> Algorithm:
 
     network = make_actor_critic(spec, config.network)
     hyper = ppo.PPOHyper.from_config(p, recurrent=network.has_memory)
-    agent_updates_per_iteration = p.update_epochs * p.num_minibatches
     agent_opt = ppo.make_optimizer(p, anneal_updates(config))
     policy = ppo.policy(network, hyper)
     ppo_finish = ppo.make_finish(network, hyper)
@@ -652,20 +663,16 @@ def build(config) -> Algorithm:
         del data
         return state, {}, _report(state.model.params, state.replay, key)
 
+    counts = hook_counts(config)
     return Algorithm(
         name="SimPLe",
         init=init,
         hooks={
-            "collect": Hook(collect_hook, counts={
-                "env_steps": config.env.num_envs * s.collect_steps}),
+            "collect": Hook(collect_hook, counts=counts["collect"]),
             "report_model": Hook(report_hook),
-            "update_model": Hook(update_model_hook,
-                                 counts={"model_updates": s.rollout_length}),
-            "update_reward": Hook(update_reward_hook,
-                                  counts={"reward_updates": s.reward_steps_per_call}),
-            "update_agent": Hook(update_agent_hook, counts={
-                "agent_updates": agent_updates_per_iteration,
-                "sim_steps": n_agents * p.num_steps}),
+            "update_model": Hook(update_model_hook, counts=counts["update_model"]),
+            "update_reward": Hook(update_reward_hook, counts=counts["update_reward"]),
+            "update_agent": Hook(update_agent_hook, counts=counts["update_agent"]),
         },
         policy=policy,
         policy_params=lambda state: state.agent,

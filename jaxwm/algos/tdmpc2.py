@@ -87,6 +87,14 @@ def validate_env(config, spec) -> None:
                           f"{spec.action_shape}.")
 
 
+def hook_counts(config) -> dict[str, dict[str, int]]:
+    """What one call of each hook adds to each counter (``build``'s hooks and
+    ``python -m jaxwm.train --dry_run``'s phase table: one source)."""
+    t = config.tdmpc2
+    return {"collect": {"env_steps": config.env.num_envs * t.steps_per_collect},
+            "update_model": {"model_updates": updates_per_collect(config)}}
+
+
 def build(config) -> Algorithm:
     t, num_envs = config.tdmpc2, config.env.num_envs  # envs per seed
     env = acting.make_pool(config)
@@ -112,7 +120,8 @@ def build(config) -> Algorithm:
     def sample(replay, key):
         return replay.sample(key, t.batch_size, window)
 
-    num_updates = updates_per_collect(config)
+    counts = hook_counts(config)
+    num_updates = counts["update_model"]["model_updates"]
     _update = backend.jit(over_seeds(agent.make_update(sample, num_updates, mesh)),
                           donate_argnums=0)
 
@@ -135,9 +144,8 @@ def build(config) -> Algorithm:
         name="TD-MPC2",
         init=init,
         hooks={
-            "collect": Hook(actor.replay_hook(),
-                            counts={"env_steps": num_envs * t.steps_per_collect}),
-            "update_model": Hook(update_hook, counts={"model_updates": num_updates}),
+            "collect": Hook(actor.replay_hook(), counts=counts["collect"]),
+            "update_model": Hook(update_hook, counts=counts["update_model"]),
         },
         policy=policy,
         close=actor.close,

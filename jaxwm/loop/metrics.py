@@ -1,4 +1,5 @@
-"""Metric sinks owned by the loop: TensorBoard (tensorboardX), JSON lines, learning curve.
+"""Metric sinks owned by the loop: TensorBoard (tensorboardX), JSON lines, learning curve, and
+Weights & Biases when ``log.wandb.project`` is set (``loop.wandb_sink``).
 
 Hooks return flat dicts of metrics that stay on the device until a log step. A value is one
 of:
@@ -145,14 +146,18 @@ class MetricWriter:
     """
 
     def __init__(self, workdir: str, resumed_at: dict | None = None, x_axis: str = "env_steps",
-                 enabled: bool = True):
+                 enabled: bool = True, config=None):
         from tensorboardX import SummaryWriter
+
+        from jaxwm.loop import wandb_sink
 
         self.workdir = workdir
         self.path = os.path.join(workdir, "metrics.jsonl")
-        self._tb = None
+        self._tb = self._wandb = None
         if not enabled:
             return
+        if config is not None and wandb_sink.wandb_block(config) is not None:
+            self._wandb = wandb_sink.WandbSink(config, workdir, resumed=resumed_at is not None)
         purge_step = None
         if resumed_at is not None:
             purge_step = resumed_at[x_axis] + 1
@@ -213,11 +218,16 @@ class MetricWriter:
                 self._tb.add_scalar(name, float(value), step)
         self._jsonl.write(json.dumps(row) + "\n")
         self._jsonl.flush()
+        if self._wandb is not None:
+            self._wandb.write(step, row, self.workdir,
+                              {k: v for k, v in metrics.items() if _is_media(v)})
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
             self._jsonl.close()
+        if self._wandb is not None:
+            self._wandb.close()
 
 
 def read_jsonl(path: str) -> list[dict]:

@@ -376,3 +376,20 @@ class Clock:
     def marks(self, totals: Mapping[str, int]) -> tuple[int, ...]:
         """How many times each of its intervals has elapsed; the clock fires when this changes."""
         return tuple(totals[unit] // n for n, unit in self.every)
+
+
+def plan(phases: list[Phase], hook_counts: Mapping[str, Mapping[str, int]]) -> list[dict]:
+    """Each phase run from the start: ``{"phase", "cycles", "counts"}``, the cycles it takes
+    and what it adds to every counter (``iterations`` included); an upper bound for a phase
+    with ``until``. What ``python -m jaxwm.train --dry_run`` prints."""
+    rows = []
+    for phase in phases:
+        per_cycle: dict[str, int] = {ITERATIONS: 1}
+        for name, calls in phase.hooks:
+            for counter, amount in ({} if name == EVALUATE else hook_counts[name]).items():
+                per_cycle[counter] = per_cycle.get(counter, 0) + amount * calls
+        cycles = math.ceil(phase.duration / per_cycle[phase.unit]) if per_cycle.get(phase.unit) \
+            else 0
+        rows.append({"phase": phase, "cycles": cycles,
+                     "counts": {k: v * cycles for k, v in per_cycle.items()}})
+    return rows

@@ -230,6 +230,7 @@ class Trainer:
         """The initial state and key, or the checkpoint's. Returns ``(state, key, resumed)``."""
         state, key = self._initial()
         self.resumed_from = None
+        self.wall_before = 0.0  # training wall seconds of the runs this one resumes
         if not self.config.resume:  # check_can_start refused resume=True without a checkpoint
             self.artifacts.start(None)
             return state, key, False
@@ -252,6 +253,7 @@ class Trainer:
             if not self.primary:
                 self.checkpointer.reopen()
         self.resumed_from = step
+        self.wall_before = float(loop.get("wall_seconds", 0.0))
         state = self.algorithm.on_restore(state, saved)
         key = jnp.asarray(np.asarray(loop["key"], np.uint32))
         self.say(f"Resumed from {self.checkpointer.directory} at step "
@@ -263,8 +265,13 @@ class Trainer:
         if self.checkpointer.latest_step() == sched.calls:
             return  # already saved at this step (periodic save coincided with the final one)
         loop = {"key": np.asarray(key).tolist(), "scheduler": sched.state_dict(),
-                "processes": jax.process_count(), "artifacts": self.artifacts.state_dict()}
+                "processes": jax.process_count(), "artifacts": self.artifacts.state_dict(),
+                "wall_seconds": self.wall_seconds()}
         self.checkpointer.save(sched.calls, self.algorithm.persistent(state), loop, force=force)
+
+    def wall_seconds(self) -> float:
+        """Wall seconds this run has trained, across resumes (from its first start)."""
+        return self.wall_before + time.perf_counter() - self.started
 
     # ------------------------------------------------------------------ run
 
@@ -281,6 +288,7 @@ class Trainer:
             raise
 
     def _run(self) -> dict:
+        self.started = time.perf_counter()
         state, key, resumed = self._restore_or_init()
         sched, algorithm, x_axis = self.scheduler, self.algorithm, self.x_axis
         say = self.say
@@ -295,7 +303,7 @@ class Trainer:
                     f"{k} {old} -> {new}" for k, (old, new) in self.changed.items()) + ".")
         # A resumed run drops what was logged after its checkpoint (that stretch runs again).
         writer = MetricWriter(self.workdir, resumed_at=dict(sched.totals) if resumed else None,
-                              x_axis=x_axis, enabled=self.primary)
+                              x_axis=x_axis, enabled=self.primary, config=self.config)
         window, timer = MetricWindow(), HookTimer()
         marks = {name: clock.marks(sched.totals) for name, clock in self.clocks.items()}
         flow = {}  # outputs of this cycle's hooks that a later hook still reads
@@ -333,6 +341,9 @@ class Trainer:
                     metrics[name] = (sched.totals[unit] - start_totals[unit]) / busy
             metrics.update(timer.flush(max(now - start, 1e-9)))
             metrics["charts/phase"] = float(sched.phase_index)
+            # For jaxwm.report: curves against wall time, and which runs are still unfinished.
+            metrics["charts/wall_seconds"] = self.wall_seconds()
+            metrics["charts/progress"] = sched.totals[x_axis] / max(sched.planned_total(x_axis), 1)
             metrics.update({f"counters/{unit}": float(v) for unit, v in sched.totals.items()})
             writer.write(sched.totals[x_axis], metrics)
             window_start, eval_seconds = (now, dict(sched.totals), sched.calls), 0.0

@@ -1,0 +1,90 @@
+"""The report's figures (matplotlib, and rliable's plot helpers for its own estimates)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxwm.report import stats
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def curves(panels: dict, path: str, x_label: str, y_label: str) -> bool:
+    """One panel per task: ``panels = {task: {group: (x, mean, low, high, per_seed)}}``, the
+    mean over seeds with its 95% CI band and each seed as a thin line. False if nothing to
+    draw."""
+    panels = {task: lines for task, lines in panels.items() if lines}
+    if not panels:
+        return False
+    plt = _pyplot()
+    n = len(panels)
+    cols = min(n, 3)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.8 * rows), squeeze=False)
+    for ax, (task, lines) in zip(axes.flat, panels.items(), strict=False):
+        for group, (x, mean, low, high, per_seed) in lines.items():
+            seeds = len(per_seed)
+            line, = ax.plot(x, mean, label=f"{group} ({seeds} seed{'s' * (seeds > 1)})")
+            if seeds > 1:
+                ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
+                for values in per_seed:
+                    ax.plot(x, values, color=line.get_color(), alpha=0.3, linewidth=0.6)
+        ax.set_title(task)
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(y_label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle("mean over seeds, 95% bootstrap CI shaded, seeds as thin lines", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def aggregates(results: dict, path: str, x_label: str) -> None:
+    """rliable's interval-estimate plot of ``stats.aggregates``' output."""
+    from rliable import plot_utils
+
+    plt = _pyplot()
+    names = list(next(iter(results.values())))
+    points = {m: np.array([results[m][n][0] for n in names]) for m in results}
+    intervals = {m: np.array([[results[m][n][1] for n in names],
+                              [results[m][n][2] for n in names]]) for m in results}
+    rows = len(results)
+    fig, _ = plot_utils.plot_interval_estimates(
+        points, intervals, metric_names=names, algorithms=list(results), xlabel=x_label,
+        row_height=max(0.5, 1.6 / rows), xlabel_y_coordinate=-0.45 / max(1, rows / 2))
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def performance_profile(score_dict: dict, path: str, x_label: str, reps: int,
+                        seed: int) -> None:
+    """The fraction of runs scoring above each tau, per method (rliable)."""
+    from rliable import plot_utils
+
+    plt = _pyplot()
+    everything = np.concatenate([s.ravel() for s in score_dict.values()])
+    low, high = float(everything.min()), float(everything.max())
+    taus = np.linspace(low, high if high > low else low + 1.0, 81)
+    profiles, cis = stats.performance_profile(score_dict, taus, reps, seed)
+    import seaborn as sns
+    from matplotlib.lines import Line2D
+
+    colors = dict(zip(score_dict, sns.color_palette("colorblind", len(score_dict)), strict=True))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    plot_utils.plot_performance_profiles(profiles, taus, performance_profile_cis=cis, ax=ax,
+                                         xlabel=x_label, colors=colors)
+    ax.legend([Line2D([0], [0], color=c) for c in colors.values()], list(colors), fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,172 @@
+"""Run directories as the report sees them: their config, one series per seed of a metric,
+and how far they got.
+
+A run directory is any folder with a ``config.json`` (``jaxwm.train`` writes it first). Its
+``metrics.jsonl`` gives, per seed, the metric's values against ``counters/env_steps`` and
+against the training wall time (``charts/wall_seconds``); a run of ``--config.num_seeds=N``
+holds N seeds, as ``<metric>/seed_<k>`` columns. A last line cut short (the run is still
+writing it, or was killed mid-write) is read up to the last full row (``metrics.read_jsonl``).
+
+Groups: runs whose configs agree on every setting that differs anywhere among the runs (or
+on the ``--group-by`` fields) are seeds of one group. Settings that never change what is
+learned (the seed, log and checkpoint cadence, resume, devices) never split groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from jaxwm.loop.metrics import read_jsonl
+
+# Settings that differ between seeds or bookkeeping, not between methods.
+NOT_A_GROUP = ("seed", "resume", "num_devices", "num_seeds", "log.", "checkpoint.",
+               "eval.every", "eval.video", "eval.num_envs")
+TASK_FIELD = "env.id"
+
+
+class ReportError(ValueError):
+    """Bad input to the report: one line that says what to do."""
+
+
+@dataclasses.dataclass
+class Seed:
+    """One seed's series: the metric ``values`` at ``env_steps`` (the run's x-axis where it
+    takes no env steps: offline runs) and at ``wall`` seconds (NaN where a run predates
+    wall-time logging)."""
+
+    env_steps: np.ndarray
+    wall: np.ndarray
+    values: np.ndarray
+
+    @property
+    def final(self) -> float:
+        return float(self.values[-1])
+
+    @property
+    def best(self) -> float:
+        return float(np.max(self.values))
+
+
+@dataclasses.dataclass
+class Run:
+    path: str
+    config: dict  # flattened: {"env.id": "CartPole-v1", ...}
+    seeds: list[Seed]
+    progress: float  # fraction of the planned x-axis total reached (1.0: finished)
+    env_steps: float
+    wall_seconds: float  # NaN if not logged
+    x_axis: str = "env_steps"  # what Seed.env_steps holds: the log.x_axis of offline runs
+
+    @property
+    def finished(self) -> bool:
+        return self.progress >= 1.0 - 1e-9
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, list) else value
+    return out
+
+
+def find_runs(paths: Sequence[str]) -> list[str]:
+    """Every run directory at or below ``paths``, sorted; ``ReportError`` if a path does
+    not exist or none holds a run."""
+    found = []
+    for path in paths:
+        if not os.path.exists(path):
+            raise ReportError(f"{path} does not exist; pass run directories (folders with a "
+                              "config.json) or folders that hold them.")
+        for root, dirs, files in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if d not in ("checkpoints", "videos", "images"))
+            if "config.json" in files:
+                found.append(os.path.normpath(root))
+                dirs[:] = []  # a run's own folders hold no runs
+    if not found:
+        raise ReportError(f"no run directories (folders with a config.json) under "
+                          f"{', '.join(paths)}; point the report at jaxwm.train's --workdir "
+                          "folders or at the folder that holds them.")
+    return sorted(dict.fromkeys(found))
+
+
+def seed_columns(rows: Iterable[dict], metric: str) -> list[str]:
+    """``<metric>/seed_<k>`` columns present in ``rows``, by k; ``[metric]`` if none."""
+    prefix = f"{metric}/seed_"
+    ks = sorted({int(name[len(prefix):]) for row in rows for name in row
+                 if name.startswith(prefix) and name[len(prefix):].isdigit()})
+    return [f"{prefix}{k}" for k in ks] or [metric]
+
+
+def load_run(path: str, metric: str) -> tuple[Run | None, str]:
+    """The run at ``path`` and ``""``, or ``None`` and why it was skipped."""
+    with open(os.path.join(path, "config.json")) as f:
+        config = flatten(json.load(f))
+    metrics_path = os.path.join(path, "metrics.jsonl")
+    if not os.path.exists(metrics_path):
+        return None, "no metrics.jsonl yet"
+    try:
+        rows = read_jsonl(metrics_path)
+    except json.JSONDecodeError as e:
+        return None, f"metrics.jsonl is corrupt ({e})"
+    if not rows:
+        return None, "metrics.jsonl is empty"
+    columns = seed_columns(rows, metric)
+    seeds = []
+    for column in columns:
+        points = [(r.get("counters/env_steps", r["step"]), r.get("charts/wall_seconds", np.nan),
+                   r[column]) for r in rows if column in r]
+        if points:
+            seeds.append(Seed(*(np.asarray(v, np.float64) for v in zip(*points, strict=True))))
+    if not seeds:
+        return None, f"no {metric} in metrics.jsonl"
+    last = rows[-1]
+    env_steps = float(last.get("counters/env_steps", np.nan))
+    if "charts/progress" in last:
+        progress = float(last["charts/progress"])
+    else:  # runs logged before progress was: the env-step budget
+        total = config.get("total_env_steps")
+        progress = env_steps / total if total and np.isfinite(env_steps) else 1.0
+    wall = float(last.get("charts/wall_seconds", np.nan))
+    x_axis = "env_steps" if "counters/env_steps" in last else str(config.get("log.x_axis", "step"))
+    return Run(path, config, seeds, progress, env_steps, wall, x_axis), ""
+
+
+def group_fields(runs: Sequence[Run], group_by: Sequence[str] | None) -> list[str]:
+    """``group_by`` (each checked to exist in some run) or the settings that differ among
+    ``runs`` (``NOT_A_GROUP`` aside), always ``algo`` first when several algorithms."""
+    if group_by:
+        known = set().union(*(r.config for r in runs))
+        for field in group_by:
+            if field not in known:
+                close = difflib.get_close_matches(field, sorted(known), n=3)
+                raise ReportError(f"--group-by {field!r} is not a config setting of any run"
+                                  + (f"; did you mean one of {', '.join(close)}?" if close
+                                     else "; settings look like algo, env.id, ppo.lr."))
+        return list(group_by)
+    keys = sorted(set().union(*(r.config for r in runs)))
+    differ = [k for k in keys if not k.startswith(NOT_A_GROUP) and k not in NOT_A_GROUP
+              and len({json.dumps(r.config.get(k), sort_keys=True, default=str)
+                       for r in runs}) > 1]
+    return sorted(differ, key=lambda k: (k != "algo", k != TASK_FIELD, k))
+
+
+def group_runs(runs: Sequence[Run], fields: Sequence[str]) -> dict[tuple, list[Run]]:
+    """Runs by their values of ``fields`` (in first-seen order)."""
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(tuple(run.config.get(f) for f in fields), []).append(run)
+    return groups
+
+
+def label(fields: Sequence[str], values: Sequence) -> str:
+    """``algo=ppo, env.id=CartPole-v1`` (or ``all runs`` with no fields)."""
+    return ", ".join(f"{f}={v}" for f, v in zip(fields, values, strict=True)) or "all runs"

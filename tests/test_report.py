@@ -1,0 +1,140 @@
+"""jaxwm.report on synthetic run directories with known answers."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from jaxwm.report import ReportError, main, make_report
+from jaxwm.report.runs import find_runs, load_run
+
+METRIC = "eval/episodic_return"
+
+
+def write_run(path, finals, env_id="CartPole-v1", lr=1e-3, steps=(100, 200, 300), progress=1.0,
+              algo="ppo", seed=0, truncate=False):
+    """A run directory: config.json, and metrics.jsonl with eval rows rising linearly to
+    ``finals`` (one value: a one-seed run; several: a num_seeds run's seed columns)."""
+    os.makedirs(path, exist_ok=True)
+    config = {"algo": algo, "seed": seed, "total_env_steps": steps[-1], "num_seeds": len(finals),
+              "env": {"id": env_id}, "ppo": {"lr": lr}, "log": {"every": "100 env_steps"}}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        for i, step in enumerate(steps):
+            frac = (i + 1) / len(steps)
+            row = {"step": step, "counters/env_steps": step, "charts/wall_seconds": 10.0 * step,
+                   "charts/progress": progress * frac, METRIC: float(np.mean(finals)) * frac}
+            if len(finals) > 1:
+                row.update({f"{METRIC}/seed_{k}": v * frac for k, v in enumerate(finals)})
+            f.write(json.dumps(row) + "\n")
+        if truncate:
+            f.write('{"step": 400, "counters/env_steps": 400, "eval/episodic_ret')
+    return path
+
+
+def report(tmp_path, paths, **kwargs):
+    return make_report([str(p) for p in paths], str(tmp_path / "out"), log=lambda m: None,
+                       reps=500, **kwargs)
+
+
+def test_iqm_of_a_known_set(tmp_path):
+    """Eight seeds scoring 1..8 on one task: the IQM is the mean of the middle four, 4.5; the
+    mean 4.5, the median 4.5; a num_seeds run's seed columns are its seeds."""
+    write_run(tmp_path / "runs" / "a", [1, 2, 3, 4, 5, 6, 7, 8])
+    out = report(tmp_path, [tmp_path / "runs"], normalize="dmc")
+    (values,) = out.aggregates.values()
+    assert values["IQM"][0] == pytest.approx(4.5 / 1000)
+    assert values["Median"][0] == pytest.approx(4.5 / 1000)
+    assert values["Optimality gap"][0] == pytest.approx(1 - 4.5 / 1000)
+    assert out.table[0]["seeds"] == 8
+    assert out.table[0]["final"][0] == pytest.approx(4.5 / 1000)
+
+    skewed = [0, 0, 10, 10, 10, 10, 1000, 1000]  # IQM drops the tails: mean of the 10s
+    write_run(tmp_path / "skew" / "a", skewed)
+    out = report(tmp_path, [tmp_path / "skew"])
+    (values,) = out.aggregates.values()
+    assert values["IQM"][0] == pytest.approx(10.0)
+    assert values["Mean"][0] == pytest.approx(np.mean(skewed))
+    assert "Optimality gap" not in values  # raw returns have no "solved" at 1
+
+
+def test_ci_covers_the_true_mean_on_a_seeded_bootstrap(tmp_path):
+    rng = np.random.default_rng(0)
+    finals = list(rng.normal(50.0, 5.0, size=12))
+    for k, v in enumerate(finals):
+        write_run(tmp_path / "runs" / f"s{k}", [v], seed=k)
+    out = report(tmp_path, [tmp_path / "runs"])
+    mean, low, high = out.table[0]["final"]
+    assert mean == pytest.approx(np.mean(finals))
+    assert low < 50.0 < high
+    assert high - low < 10.0  # ~ 4 standard errors of 5 / sqrt(12)
+    again = report(tmp_path, [tmp_path / "runs"])
+    assert again.table[0]["final"] == out.table[0]["final"]  # seeded: the same CI
+
+
+def test_groups_by_the_settings_that_differ(tmp_path):
+    """Two learning rates x two tasks x two seeds: groups are (lr, task); the seed never
+    splits one; aggregates are per lr, over the two tasks, with P(improvement) between
+    them."""
+    for lr, good in ((1e-3, 100.0), (1e-4, 10.0)):
+        for env_id in ("CartPole-v1", "Acrobot-v1"):
+            for seed in (0, 1):
+                write_run(tmp_path / "runs" / f"{lr}_{env_id}_{seed}", [good + seed], env_id=env_id,
+                          lr=lr, seed=seed)
+    out = report(tmp_path, [tmp_path / "runs"])
+    assert len(out.table) == 4
+    assert {(r["env.id"], r["ppo.lr"]) for r in out.table} == {
+        (e, lr) for e in ("CartPole-v1", "Acrobot-v1") for lr in (1e-3, 1e-4)}
+    assert all(r["seeds"] == 2 for r in out.table)
+    assert set(out.aggregates) == {"ppo.lr=0.001", "ppo.lr=0.0001"}
+    assert out.improvement[("ppo.lr=0.001", "ppo.lr=0.0001")][0] == pytest.approx(1.0)
+    for name in ("table.md", "table.csv", "curves_env_steps.png", "curves_wall_time.png",
+                 "aggregates.png", "performance_profile.png"):
+        assert os.path.getsize(tmp_path / "out" / name) > 0
+    by_algo = report(tmp_path, [tmp_path / "runs"], group_by=["algo"])
+    assert len(by_algo.table) == 1 and by_algo.table[0]["seeds"] == 8
+
+
+def test_half_written_metrics_are_read_to_the_last_full_row(tmp_path):
+    path = write_run(tmp_path / "run", [3.0], truncate=True, progress=0.5)
+    run, why = load_run(str(path), METRIC)
+    assert why == "" and list(run.seeds[0].env_steps) == [100, 200, 300]
+    out = report(tmp_path, [path])
+    assert out.table[0]["status"] == "1 of 1 in progress (from 50%)"
+
+
+def test_runs_without_metrics_are_named_and_skipped(tmp_path):
+    write_run(tmp_path / "runs" / "good", [1.0])
+    os.makedirs(tmp_path / "runs" / "empty")
+    with open(tmp_path / "runs" / "empty" / "config.json", "w") as f:
+        json.dump({"algo": "ppo", "env": {"id": "CartPole-v1"}}, f)
+    assert find_runs([str(tmp_path / "runs")]) == [str(tmp_path / "runs" / "empty"),
+                                                   str(tmp_path / "runs" / "good")]
+    out = report(tmp_path, [tmp_path / "runs"])
+    assert out.skipped == [(str(tmp_path / "runs" / "empty"), "no metrics.jsonl yet")]
+    assert "skipped" in out.markdown and len(out.table) == 1
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"normalize": "atari"}, "unknown normalisation 'atari'"),
+    ({"normalize": "atari_hns"}, "no reference returns for CartPole-v1"),
+    ({"metric": "eval/nope"}, "no run has 'eval/nope'"),
+    ({"ci": "always"}, "needs 2 or more seeds"),
+    ({"group_by": ["ppo.lrr"]}, "not a config setting of any run; did you mean"),
+])
+def test_bad_input_is_one_line_that_says_what_to_do(tmp_path, kwargs, message):
+    write_run(tmp_path / "runs" / "a", [1.0])
+    with pytest.raises(ReportError, match=message):
+        report(tmp_path, [tmp_path / "runs"], **kwargs)
+
+
+def test_no_runs_and_the_command_line(tmp_path, capsys):
+    os.makedirs(tmp_path / "nothing")
+    assert main([str(tmp_path / "nothing"), "--out", str(tmp_path / "out")]) == 2
+    assert "no run directories" in capsys.readouterr().err
+    write_run(tmp_path / "runs" / "a", [1.0, 2.0])
+    assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--reps", "200"]) == 0
+    printed = capsys.readouterr().out
+    assert "| seeds |" in printed and "1.5 [" in printed
