@@ -4,8 +4,8 @@
 The controller is one linear layer, ``a = tanh(W [z, h] + b)``: 32 + 256 inputs, 3 actions,
 (32 + 256) x 3 + 3 = 867 parameters, evolved as one flat vector. CarRacing's gas and brake
 live in [0, 1]: the reference rescales the gas from tanh's [-1, 1] as ``(a + 1) / 2`` and
-clips the brake at 0 (``carracing/model.py``); ``to_env`` does the same for any box whose
-low bound is 0.
+clips the brake at 0 (``carracing/model.py``; ``carracing_action``), and its MDN-RNN reads
+the action so mapped.
 
 CMA-ES comes from evosax (Lange 2022, "evosax: JAX-based Evolution Strategies"), a maintained
 JAX library: its ask and tell are pure functions over a state pytree, so one generation
@@ -38,17 +38,20 @@ class Controller:
         return (self.input_dim + 1) * self.action_dim
 
     def act(self, flat: jax.Array, features: jax.Array) -> jax.Array:
-        """``features`` [..., input_dim] -> actions in [-1, 1] [..., action_dim]."""
-        w = flat[: self.input_dim * self.action_dim].reshape(self.input_dim, self.action_dim)
-        b = flat[self.input_dim * self.action_dim:]
+        """``features`` [..., input_dim] -> actions in [-1, 1] [..., action_dim]. ``flat``
+        is laid out as the reference's (``set_model_params``): the bias, then the weight
+        matrix row by row."""
+        b = flat[: self.action_dim]
+        w = flat[self.action_dim:].reshape(self.input_dim, self.action_dim)
         return jnp.tanh(features @ w + b)
 
 
-def to_env(action: jax.Array, low: jax.Array, high: jax.Array) -> jax.Array:
-    """tanh's [-1, 1] into a box as the reference does for CarRacing: dimensions whose low
-    bound is 0 (gas, brake) are rescaled to [0, 1]; the others are clipped to the box."""
-    unit = jnp.where(low >= 0, (action + 1) / 2, action)
-    return jnp.clip(unit, low, high)
+def carracing_action(action: jax.Array) -> jax.Array:
+    """tanh's [-1, 1]^3 as the reference drives CarRacing (``carracing/model.py``): steering
+    as it is, gas rescaled ``(a + 1) / 2``, brake clipped to [0, 1] (so it is off for half of
+    the controller's outputs). Other boxes use ``envs.types.ActionBox``'s affine map."""
+    return jnp.stack([action[..., 0], (action[..., 1] + 1) / 2,
+                      jnp.clip(action[..., 2], 0.0, 1.0)], -1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,3 +94,21 @@ class Evolution:
 
     def mean(self, state) -> jax.Array:
         return state.mean
+
+    def generation(self, state, evaluate, key):
+        """One generation, ask -> evaluate -> tell, jittable as a whole: ``evaluate(candidates
+        [population, num_params], key) -> (returns [population], extra metrics)``; returns the
+        new state and the metrics of ``tell`` and ``evaluate``."""
+        k_ask, k_evaluate, k_tell = jax.random.split(key, 3)
+        candidates, state = self.ask(state, k_ask)
+        returns, metrics = evaluate(candidates, k_evaluate)
+        state, told = self.tell(state, candidates, returns, k_tell)
+        return state, {**metrics, **told}
+
+
+def group_returns(reward: jax.Array, valid: jax.Array, groups: int) -> jax.Array:
+    """Each group's mean return per env: ``reward`` and ``valid`` ``[T, groups * n]`` (a
+    rollout's rewards, and which of them count) summed over time and averaged over the
+    group's ``n`` envs (the reference averages a candidate's episodes)."""
+    total = jnp.sum(jnp.where(valid, reward, 0.0), axis=0)
+    return total.reshape(groups, -1).mean(-1)

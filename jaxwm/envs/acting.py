@@ -143,11 +143,13 @@ def warmup(policy: Policy, spec: EnvSpec) -> Policy:
     return Policy(init_carry=lambda params, n: policy.init_carry(params[1], n), act=act)
 
 
-def grouped(policy: Policy, groups: int) -> Policy:
+def grouped(policy: Policy, groups: int, params_axes: Any = 0) -> Policy:
     """``policy`` acting in one pool split into ``groups`` equal, contiguous groups of envs,
     each with its own parameters, carry and key: ``params``, ``carry`` and ``key`` get a
     leading group axis, observations, ``is_first``, actions and extras stay pool-wide
     ``[groups * n]`` (group-major, the pool's order). ``groups == 1`` is ``policy`` itself.
+    ``params_axes``, a ``vmap`` ``in_axes`` prefix of ``params``, marks parameters the groups
+    share with ``None`` (World Models: one VAE and MDN-RNN, a controller per candidate).
 
     Used for several seeds in one process (``--config.num_seeds``: group k acts exactly as a
     one-seed run with the same parameters and key would) and for evaluating a population
@@ -158,11 +160,13 @@ def grouped(policy: Policy, groups: int) -> Policy:
     def init_carry(params, num_envs):
         if num_envs % groups:
             raise ValueError(f"{num_envs} envs do not split into {groups} equal groups.")
-        return jax.vmap(lambda p: policy.init_carry(p, num_envs // groups))(params)
+        return jax.vmap(lambda p: policy.init_carry(p, num_envs // groups),
+                        in_axes=(params_axes,), axis_size=groups)(params)
 
     def act(params, carry, obs, is_first, key, temperature=1.0):
         carry, action, extras = jax.vmap(
-            lambda p, c, o, f, k: policy.act(p, c, o, f, k, temperature))(
+            lambda p, c, o, f, k: policy.act(p, c, o, f, k, temperature),
+            in_axes=(params_axes, 0, 0, 0, 0))(
             params, carry, split_groups(obs, groups), split_groups(is_first, groups), key)
         return carry, merge_groups(action), merge_groups(extras)
 
