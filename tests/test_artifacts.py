@@ -48,6 +48,29 @@ def test_a_file_appends_masked_rows_and_reads_rows_and_windows(tmp_path):
     windows.close()
 
 
+def test_ordered_reads_follow_the_rows_another_artifact_holds(tmp_path):
+    """``after``: a pass that maps rows of one artifact to rows of another reads, each call,
+    the rows after those already mapped (a resume truncates the target, so the pass goes on
+    from its checkpoint); past the end the rows are zeros and masked out."""
+    artifacts = Artifacts(str(tmp_path), {"frames": Artifact(EXAMPLE, batch=3, after="latents"),
+                                          "latents": Artifact({"t": np.zeros((), np.int32)})})
+    artifacts.start(None)
+    artifacts.append("frames", rows(0, 7))
+    key = jax.random.PRNGKey(0)
+    seen = []
+    for _ in range(3):
+        read = artifacts.read("frames", key)
+        seen.append((np.asarray(read["rows"]["t"]).tolist(), np.asarray(read["mask"]).tolist()))
+        artifacts.append("latents", {"rows": {"t": read["rows"]["t"] * 10},
+                                     "mask": read["mask"]})
+    assert seen == [([0, 1, 2], [True] * 3), ([3, 4, 5], [True] * 3),
+                    ([6, 0, 0], [True, False, False])]
+    assert artifacts.files["latents"].whole()["t"].tolist() == [0, 10, 20, 30, 40, 50, 60]
+    artifacts.files["latents"].truncate(3)  # a resume to a checkpoint taken after one read
+    assert np.asarray(artifacts.read("frames", key)["rows"]["t"]).tolist() == [3, 4, 5]
+    artifacts.close()
+
+
 def test_a_file_of_another_layout_is_refused(tmp_path):
     ArtifactFile(str(tmp_path / "a.h5"), Artifact(EXAMPLE)).close()
     with pytest.raises(ConfigError, match="written by another config"):

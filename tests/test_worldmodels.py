@@ -221,3 +221,121 @@ def test_the_agent_resets_its_memory_at_episode_starts_and_shares_v_and_m_in_a_p
     _, actions, _ = population.act(both, carry, frames, first, keys)
     assert actions.shape == (4, 3)
     assert not np.allclose(actions[:2], actions[2:])  # each group acts with its own C
+
+
+def test_episode_returns_count_each_envs_first_episode_only():
+    """Rewards arrive with the row after the action; a row that ends the episode brings its
+    last reward, and nothing after it counts (the next rows are another episode)."""
+    from jaxwm.algos.worldmodels import episode_returns
+    from jaxwm.envs.acting import Steps
+
+    reward = jnp.array([[9.0, 9.0], [1.0, 2.0], [1.0, 2.0], [5.0, 2.0], [7.0, 2.0]])
+    terminated = jnp.array([[False, False], [False, False], [True, False], [False, False],
+                            [False, False]])
+    zeros = jnp.zeros_like(terminated)
+    steps = Steps(obs=zeros, is_first=zeros, reward=reward, terminated=terminated,
+                  truncated=zeros, action=zeros, extras={}, ids=None)
+    np.testing.assert_allclose(episode_returns(steps), [2.0, 8.0])  # row 0 precedes acting
+
+
+def test_the_dream_env_in_the_acting_scan_equals_stepping_it_in_a_loop():
+    from jaxwm.algos.worldmodels import dream_env
+    from jaxwm.envs import acting
+    from jaxwm.envs.types import StepResult
+
+    memory = mdnrnn.MDNRNN(mdnrnn.MDNHyper(z_dim=4, hidden=8, predict_reward=True,
+                                           predict_done=True))
+    agent = types_agent(memory)
+    params = mdnrnn.init(memory, jax.random.key(0), 3)
+    env = dream_env(agent, params, temperature=1.15)
+    n, steps = 3, 5
+    z0 = jax.random.normal(jax.random.key(1), (n, 4))
+    carry = memory.initialize_carry(n)
+    state0 = (carry, z0, jax.random.key(2))
+    zeros = jnp.zeros(n, bool)
+    start = StepResult(jnp.concatenate([z0, carry[1]], -1), jnp.zeros(n), zeros, zeros, zeros,
+                       jnp.zeros(n))
+    policy = acting.stateless(lambda params, obs, key, temperature: jnp.tanh(obs[:, :3]))
+    actor = acting.ActorState.start(start, (), n)
+    _, final_state, record, _ = acting.rollout(policy, env, None, actor, state0,
+                                               jax.random.key(3), steps)
+    state, obs, rewards = state0, start.obs, []
+    for _ in range(steps):  # the same steps by hand: act on the last observation, send
+        state, result = env.send(state, None, jnp.tanh(obs[:, :3]))
+        obs = result.obs
+        rewards.append(result.reward)
+    # the scan's row t + 1 holds what step t returned (its last step's result is pending)
+    np.testing.assert_allclose(record.reward[1:], jnp.stack(rewards[:-1]), atol=1e-6)
+    np.testing.assert_allclose(final_state[1], state[1], atol=1e-6)  # the same latents
+
+
+def types_agent(memory):
+    from jaxwm.agents import worldmodels
+
+    return worldmodels.Agent(vae.ConvVAE(), memory, cma_es.Controller(4 + 8, 3),
+                             cma_es.carracing_action)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"env.id": "Pendulum-v1"}, "worldmodels takes pixels observations; Pendulum-v1 has vector"),
+    ({"controller.population": 2}, "CMA-ES needs at least 4 candidates"),
+    ({"controller.train_in": "dreams"}, "controller.train_in='dreams'; choose one of"),
+    ({"num_seeds": 2}, "one seed per process"),
+    ({"worldmodels.crop_rows": 200}, "exceeds the frame's 96 rows"),
+])
+def test_bad_settings_are_one_line_errors(overrides, message):
+    from jaxwm import runner
+    from jaxwm.config import ConfigError, load
+
+    config = load("configs/worldmodels.py:tiny", overrides)
+    with pytest.raises(ConfigError, match=message):
+        runner.validate(config)
+
+
+def test_brownian_exploration_moves_by_small_steps_within_the_box_and_restarts():
+    from jaxwm.algos.worldmodels import brownian
+    from jaxwm.envs.types import EnvSpec
+
+    spec = EnvSpec("CarRacing-v3", "box2d", 3, (96, 96, 3), np.dtype(np.uint8), False, None,
+                   (3,), np.array([-1.0, 0.0, 0.0], np.float32),
+                   np.array([1.0, 1.0, 1.0], np.float32), 1000)
+    policy = brownian(spec)
+    carry = policy.init_carry(None, 3)
+    first = jnp.array([True, True, True])
+    carry, a0, _ = policy.act(None, carry, None, first, jax.random.key(0))
+    carry, a1, _ = policy.act(None, carry, None, ~first, jax.random.key(1))
+    assert bool(jnp.all(jnp.abs(a1 - a0) < 0.6))  # sqrt(1/50) ~ 0.14 per step, clipped
+    assert bool(jnp.all((a1 >= spec.action_low) & (a1 <= spec.action_high)))
+    _, a2, _ = policy.act(None, carry, None, jnp.array([True, False, False]),
+                          jax.random.key(2))
+    from jaxwm.envs import acting
+
+    k_start, k_step = jax.random.split(jax.random.key(2))
+    fresh = acting.uniform_action(spec, k_start, 3)
+    walked = jnp.clip(a1 + jnp.sqrt(1 / 50) * jax.random.normal(k_step, a1.shape),
+                      spec.action_low, spec.action_high)
+    np.testing.assert_allclose(a2[0], fresh[0])  # env 0 started an episode: a fresh draw
+    np.testing.assert_allclose(a2[1:], walked[1:], rtol=1e-6)  # the others walked on
+
+
+def test_the_tiny_config_evolves_in_the_dream_end_to_end(tmp_path):
+    """``configs/worldmodels.py:tiny`` with ``controller.train_in=dream``: every phase runs,
+    M gets its reward and done heads, the generations log CMA-ES's metrics and the dream's
+    return, and the run writes V's reconstructions and M's dream beside the real frames.
+    (The real-env evolution runs in the contract suite.)"""
+    import json
+
+    from jaxwm import runner
+    from jaxwm.config import load
+
+    config = load("configs/worldmodels.py:tiny", {
+        "controller.train_in": "dream", "dream.temperature": 1.15, "log.progress": False,
+        "eval.at_end": False})
+    summary = runner.run(config, str(tmp_path))
+    assert summary["counters"]["generations"] == 2
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    last = rows[-1]
+    assert {"cma/return_best", "cma/return_mean", "dream/episode_return"} <= set(last)
+    assert any("rnn/reward_mse" in r and "rnn/done_bce" in r for r in rows)
+    assert (tmp_path / last["rnn/dream_vs_real"]).exists()
+    assert any("vae/reconstructions" in r for r in rows)

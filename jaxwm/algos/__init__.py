@@ -2,7 +2,9 @@
 
 ``config.algo`` -> a module with ``CAPABILITIES`` (below), ``validate(config)`` (checks of its
 own settings), optionally ``validate_env(config, spec)`` (of its settings against the env's
-``EnvSpec``), and ``build(config) -> Algorithm``. ``jaxwm.runner.validate`` runs them before
+``EnvSpec``), ``hook_counts(config)`` (what one call of each hook adds to each counter: the
+hooks ``build`` makes and ``--dry_run``'s phase table read it, so they cannot disagree), and
+``build(config) -> Algorithm``. ``jaxwm.runner.validate`` runs them before
 anything is built or compiled: the shared settings' checks (``jaxwm.config``), every size > 0
 (``config.check_sizes``), the algorithm's ``validate``, then, with the env probed, the
 capabilities and ``validate_env``. A new algorithm registers here with a small config its tests run
@@ -36,6 +38,7 @@ REGISTRY = {
     "dreamer": Entry("jaxwm.algos.dreamer", "configs/dreamer.py:tiny"),
     "simple": Entry("jaxwm.algos.simple", "configs/simple.py:tiny"),
     "tdmpc2": Entry("jaxwm.algos.tdmpc2", "configs/tdmpc2.py:tiny"),
+    "worldmodels": Entry("jaxwm.algos.worldmodels", "configs/worldmodels.py:tiny"),
 }
 
 NO_PROCESSES = ("it keeps its whole state on every device and steps its envs from one process; "

@@ -18,7 +18,13 @@ files and hooks stay pure:
   row (``batch=0``; loaded on the device once and kept while the artifact does not grow) or
   ``batch`` rows drawn uniformly, or with ``length`` > 0 ``batch`` windows of ``length``
   consecutive rows (sequences), streamed from the file. The rows drawn follow from the hook's
-  key alone, so a resumed run draws the same ones.
+  key alone, so a resumed run draws the same ones. With ``after`` set to another artifact's
+  name, reads go in order instead: the ``batch`` rows that follow the last row ``after``
+  holds, as ``{"rows": ..., "mask": bool[batch]}`` (zeros and False past the end): a pass
+  that turns each row of this artifact into a row of that one (World Models encodes its
+  frames into latents this way) and so resumes where its checkpoint left it. One file read
+  two ways is two artifacts, the second a ``view_of`` the first (World Models reads its
+  frames in random batches for the VAE and in order to encode them).
 * **Resume.** Each checkpoint records every artifact's row count (the files are flushed
   first). A resumed run truncates the files to those counts, so rows written after the
   checkpoint (before a crash) are written again, not twice. Files are never part of a
@@ -60,6 +66,8 @@ class Artifact:
     length: int = 0
     source: Callable[[], Any] | None = None
     place: Callable[[Any], Any] = jax.device_put
+    after: str = ""  # ordered reads: the rows after the last row of this artifact
+    view_of: str = ""  # another artifact's file, read this way (never written or cut here)
 
 
 def digest(rows) -> str:
@@ -106,6 +114,14 @@ class ArtifactFile:
                                       maxshape=(None,) + leaf.shape,
                                       chunks=(max(1, CHUNK_BYTES // row_bytes),) + leaf.shape)
         self._cache = None  # (rows, the whole artifact on the device)
+
+    def view(self, artifact: Artifact) -> ArtifactFile:
+        """This file read as ``artifact`` says (its batch, length, order), same rows."""
+        if jax.tree.structure(artifact.example) != self._tree:
+            raise ValueError(f"A view of {self.path} must have its rows' layout.")
+        view = object.__new__(ArtifactFile)
+        view.__dict__.update(self.__dict__, artifact=artifact, _cache=None)
+        return view
 
     @property
     def rows(self) -> int:
@@ -167,6 +183,19 @@ class ArtifactFile:
         order = rng.permutation(a.batch)
         return a.place(jax.tree.unflatten(self._tree, [x[order] for x in leaves]))
 
+    def read_from(self, start: int):
+        """The ``batch`` rows from ``start`` on, padded with zeros past the last row, and
+        which of them exist: ``{"rows": ..., "mask": bool[batch]}``."""
+        a = self.artifact
+        stop = min(start + a.batch, self.rows)
+        mask = np.arange(a.batch) < stop - start
+        leaves = []
+        for name, leaf in zip(self._names, self._leaves, strict=True):
+            rows = np.zeros((a.batch,) + np.shape(leaf), np.asarray(leaf).dtype)
+            rows[: stop - start] = self._file[name][start:stop]
+            leaves.append(rows)
+        return a.place({"rows": jax.tree.unflatten(self._tree, leaves), "mask": mask})
+
     def source_digest(self) -> str | None:
         return self._file.attrs.get(DIGEST)
 
@@ -188,8 +217,11 @@ class Artifacts:
         if declared:
             os.makedirs(self.directory, exist_ok=True)
         for name, artifact in declared.items():
-            self.files[name] = ArtifactFile(os.path.join(self.directory, f"{name}.h5"),
-                                            artifact)
+            if not artifact.view_of:
+                self.files[name] = ArtifactFile(os.path.join(self.directory, f"{name}.h5"),
+                                                artifact)
+        self.views = {name: self.files[a.view_of].view(a) for name, a in declared.items()
+                      if a.view_of}
 
     def start(self, saved_rows: Mapping[str, int] | None) -> None:
         """A fresh run (``saved_rows`` None): every file emptied (rows of a run that never
@@ -214,13 +246,21 @@ class Artifacts:
         self.flush()
 
     def __contains__(self, name: str) -> bool:
-        return name in self.files
+        return name in self.files or name in self.views
 
     def read(self, name: str, hook_key):
-        """What a hook reading ``name`` gets, from the key of the call (``read_key``)."""
-        return self.files[name].read(read_key(hook_key, name))
+        """What a hook reading ``name`` gets, from the key of the call (``read_key``), or in
+        order after the rows of ``Artifact.after``."""
+        file = self.views[name] if name in self.views else self.files[name]
+        after = self.declared[name].after
+        if after:
+            return file.read_from(self.files[after].rows)
+        return file.read(read_key(hook_key, name))
 
     def append(self, name: str, rows) -> None:
+        if name in self.views:
+            raise RuntimeError(f"Artifact {name!r} is a view of "
+                               f"{self.declared[name].view_of!r}: write to that one.")
         self.files[name].append(rows)
 
     def flush(self) -> None:

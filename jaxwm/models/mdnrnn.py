@@ -105,20 +105,29 @@ def sample(outputs, key, temperature: float = 1.0):
 def loss(model: MDNRNN, params, batch):
     """``(loss, metrics)`` on sequences: ``z`` [B, T + 1, z_dim] (latents sampled from the
     VAE's posterior), ``action`` [B, T, A] and, if predicted, ``reward`` and ``done`` [B, T]
-    (what followed each action). Every sequence starts with a fresh memory."""
+    (what followed each action). Every sequence starts with a fresh memory; optional
+    ``reset`` [B, T] zeroes it again before a step (a new episode inside a window) and
+    ``mask`` [B, T] leaves out transitions that are not one (across an episode's end)."""
     h = model.hyper
     z, action = batch["z"], batch["action"]
     carry = model.initialize_carry(z.shape[0])
-    reset = jnp.zeros(action.shape[:2], bool)
+    reset = batch.get("reset", jnp.zeros(action.shape[:2], bool))
+    mask = batch.get("mask", jnp.ones(action.shape[:2], bool)).astype(jnp.float32)
+    count = jnp.maximum(jnp.sum(mask), 1.0)
+
+    def mean(x):  # over the valid transitions
+        return jnp.sum(x * mask) / count
+
     _, out = model.apply(params, carry, z[:, :-1], action, reset)
-    nll = -jnp.mean(mixture_log_prob(out["log_pi"], out["mu"], out["log_sigma"], z[:, 1:]))
+    log_p = mixture_log_prob(out["log_pi"], out["mu"], out["log_sigma"], z[:, 1:])
+    nll = -mean(jnp.mean(log_p, -1))
     metrics = {"rnn/z_nll": nll}
     total = nll
     if h.predict_reward:
-        metrics["rnn/reward_mse"] = jnp.mean((out["reward"] - batch["reward"]) ** 2)
+        metrics["rnn/reward_mse"] = mean((out["reward"] - batch["reward"]) ** 2)
         total = total + metrics["rnn/reward_mse"]
     if h.predict_done:
-        metrics["rnn/done_bce"] = jnp.mean(optax.sigmoid_binary_cross_entropy(
+        metrics["rnn/done_bce"] = mean(optax.sigmoid_binary_cross_entropy(
             out["done_logit"], batch["done"].astype(jnp.float32)))
         total = total + metrics["rnn/done_bce"]
     metrics["rnn/loss"] = total

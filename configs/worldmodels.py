@@ -1,0 +1,88 @@
+"""World Models (jaxwm/algos/worldmodels.py; Ha & Schmidhuber 2018). Launch:
+
+python -m jaxwm.train --config=configs/worldmodels.py:carracing
+python -m jaxwm.train --config=configs/worldmodels.py:carracing \\
+    --config.controller.train_in=dream --config.dream.temperature=1.15
+python -m jaxwm.train --config=configs/worldmodels.py:tiny      # minutes on a CPU
+python -m jaxwm.train --config=configs/worldmodels.py:tiny --config.controller.population=16
+
+Phases, each with its own counter: ``collect`` (random rollouts, ``env_steps``) -> ``vae``
+(``vae_updates``) -> ``encode`` (every frame to its posterior, ``encoded_rows``) -> ``rnn``
+(``rnn_updates``) -> ``evolve`` (CMA-ES ``generations``, in the real env or in the dream),
+then the loop's evaluation of the distribution's mean controller.
+
+``carracing`` is the paper's recipe (REFERENCE.md, "World Models"): 10k random rollouts of
+1000 steps, VAE batch 100 at lr 1e-4 for 10 epochs, MDN-RNN of 256 units and 5 Gaussians at
+lr 1e-3, batch 100, sequences of 1000 steps, 4000 updates, clipped at 1; CMA-ES population
+64, 16 episodes each, sigma 0.1. At that size it is days of compute (the paper's CMA-ES ran on
+64 CPU cores); the frames stream from ``<workdir>/artifacts/frames.h5`` (about 120 GB).
+CarRacing-v3 (gymnasium, through envpool) is not the paper's v0: scores differ.
+"""
+
+import ml_collections
+
+from jaxwm.config import base_config
+
+VARIANTS = ("carracing", "tiny")
+
+
+def get_config(variant: str = "carracing") -> ml_collections.ConfigDict:
+    if variant not in VARIANTS:
+        raise ValueError(f"Unknown worldmodels variant {variant!r}; choose one of {VARIANTS}.")
+    tiny = variant == "tiny"
+    c = base_config()
+    c.algo = "worldmodels"
+    c.env.id = "CarRacing-v3"
+    c.env.num_envs = 2 if tiny else 16  # the random-rollout pool
+    w = c.worldmodels = ml_collections.ConfigDict()
+    w.rollouts = 2 if tiny else 10_000  # random rollouts of rollout_steps steps
+    w.rollout_steps = 24 if tiny else 1000
+    w.collect_policy = "random"  # random (uniform, the paper's) | brownian (ctallec's)
+    w.crop_rows = 84  # CarRacing's frame above its dashboard (the reference's crop)
+    w.z_dim = 32
+    w.kl_tolerance = 0.5
+    w.vae_lr = 1e-4
+    w.vae_batch = 8 if tiny else 100
+    w.vae_epochs = 10  # passes over the frames (vae_updates = epochs x frames / batch)
+    w.encode_batch = 16 if tiny else 1000
+    w.rnn_hidden = 32 if tiny else 256
+    w.num_mixtures = 5
+    w.rnn_lr = 1e-3
+    w.rnn_batch = 4 if tiny else 100
+    w.rnn_seq_len = 8 if tiny else 1000
+    w.rnn_grad_clip = 1.0  # per gradient element, as the reference's clip_by_value
+    w.rnn_updates = 6 if tiny else 4000
+    if tiny:
+        w.vae_epochs = 1
+    ctl = c.controller = ml_collections.ConfigDict()
+    ctl.population = 4 if tiny else 64
+    ctl.episodes = 2 if tiny else 16  # per candidate, averaged
+    ctl.sigma = 0.1
+    ctl.generations = 2 if tiny else 300
+    ctl.max_steps = 20 if tiny else 1000  # steps per evaluation episode
+    ctl.train_in = "real"  # real | dream
+    c.dream = ml_collections.ConfigDict({"temperature": 1.0})
+
+    c.eval.every = "never"  # the loop evaluates the mean controller at the end
+    c.eval.num_envs = 2 if tiny else 10
+    c.eval.num_episodes = 2 if tiny else 100
+    c.eval.temperature = 0.0
+    c.log.every = "2 vae_updates, 2 rnn_updates, 1 generations" if tiny else \
+        "1000 vae_updates, 100 rnn_updates, 1 generations"
+    c.log.x_axis = "iterations"  # the one counter that moves in every phase
+    c.checkpoint.every = "3 vae_updates, 1 generations" if tiny else \
+        "20000 vae_updates, 500 rnn_updates, 10 generations"
+    c.phase_order = ("collect", "vae", "encode", "rnn", "evolve")
+    frames = w.get_ref("rollouts") * w.get_ref("rollout_steps")
+    c.total_env_steps = frames
+    c.phases.collect = dict(unit="env_steps", duration=frames, hooks=("collect",))
+    c.phases.vae = dict(unit="vae_updates",
+                        duration=w.get_ref("vae_epochs") * frames // w.get_ref("vae_batch"),
+                        hooks=("update_vae",))
+    c.phases.encode = dict(unit="encoded_rows", duration=frames, hooks=("encode",))
+    c.phases.rnn = dict(unit="rnn_updates", duration=w.get_ref("rnn_updates"),
+                        hooks=("update_rnn",))
+    c.phases.evolve = dict(unit="generations", duration=ctl.get_ref("generations"),
+                           hooks=("evolve",))
+    c.lock()
+    return c
