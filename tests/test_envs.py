@@ -110,6 +110,43 @@ def test_default_max_episode_steps_is_envpools():
     assert _make(id="CartPole-v1", max_episode_steps=20).spec.max_episode_steps == 20
 
 
+def test_dmc_action_repeat_sums_the_rewards_of_its_control_steps():
+    """``env.frame_skip=2`` on DMC: an agent step is two control steps of the same action, its
+    reward their sum (envpool's own frame_skip reports only the last); episodes are 500 agent
+    steps, then envpool's reset step alone, so the next episode is aligned again. Host and
+    XLA paths agree."""
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(-1, 1, (1100, 2, 1)).astype(np.float32)
+    single, double = _make(seed=3, id="CartpoleBalance-v1"), \
+        _make(seed=3, id="CartpoleBalance-v1", frame_skip=2)
+    assert (single.spec.max_episode_steps, double.spec.max_episode_steps) == (1000, 500)
+    single.reset()
+    double.reset()
+    for t in range(3):
+        a = single.step(actions[2 * t]).reward + single.step(actions[2 * t]).reward
+        b = double.step(actions[2 * t]).reward
+        np.testing.assert_allclose(b, a, rtol=1e-6)
+    ends = []
+    for t in range(3, 1005):
+        if double.step(actions[t]).truncated.any():
+            ends.append(t)
+    assert ends == [499, 1000]  # 500 agent steps, the reset step, 500 more
+    single.close()
+    double.close()
+    # the XLA path, on fresh pools of the same seed (their first episodes are the same)
+    single, double = _make(seed=3, id="CartpoleBalance-v1"), \
+        _make(seed=3, id="CartpoleBalance-v1", frame_skip=2)
+    (hs, _), (hd, _) = single.xla_reset(), double.xla_reset()
+    step_single, step_double = jax.jit(single.xla_step), jax.jit(double.xla_step)
+    for t in range(3):
+        hs, r1 = step_single(hs, jnp.asarray(actions[t]))
+        hs, r2 = step_single(hs, jnp.asarray(actions[t]))
+        hd, r = step_double(hd, jnp.asarray(actions[t]))
+        np.testing.assert_allclose(r.reward, r1.reward + r2.reward, rtol=1e-6)
+    single.close()
+    double.close()
+
+
 # ---- observation layouts against raw envpool -----------------------------------------------
 
 

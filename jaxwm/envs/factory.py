@@ -121,6 +121,21 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
                       batch_size=batch_size)
 
 
+def _is_reset_step(info, xp) -> Any:
+    """Whether a step was envpool's reset step (every env's ``elapsed_step`` back at 0): with
+    an action repeat, an agent step after an episode's end is that one control step alone,
+    so the next episode's agent steps stay aligned with its control steps. DMC's episodes
+    have a fixed length, so a synchronous pool's envs end together."""
+    return xp.all(xp.asarray(info["elapsed_step"]) == 0)
+
+
+def _summed(first, then):
+    """envpool's ``(obs, reward, terminated, truncated, info)`` of ``then`` with the rewards
+    of both steps: one agent step of an action repeat."""
+    obs, reward, terminated, truncated, info = then
+    return obs, first[1] + reward, terminated, truncated, info
+
+
 def probe_spec(env_config: Mapping[str, Any]) -> EnvSpec:
     """The ``EnvSpec`` of ``env_config``'s env (for one env), from one env built and closed at
     once: how validation checks an algorithm against the env's spaces before anything else is
@@ -163,6 +178,11 @@ class EnvPoolEnv:
         self._family = family
         self._render = render and family not in _NO_RENDER_FAMILIES
         self.batch_size = batch_size or num_envs
+        kwargs = dict(kwargs)
+        self._repeat = int(kwargs.pop("action_repeat", 1))
+        if self._repeat > 1 and self.batch_size < num_envs:
+            raise ConfigError(f"{env_id}: an action repeat (env.frame_skip={self._repeat}) "
+                              "needs a synchronous pool; set env.batch_size=0.")
         self._env = envpool.make(
             env_id,
             env_type="gymnasium",
@@ -189,7 +209,7 @@ class EnvPoolEnv:
             action_shape=() if discrete else tuple(act_space.shape),
             action_low=None if discrete else np.asarray(act_space.low, np.float32),
             action_high=None if discrete else np.asarray(act_space.high, np.float32),
-            max_episode_steps=int(self._env.config["max_episode_steps"]),
+            max_episode_steps=int(self._env.config["max_episode_steps"]) // self._repeat,
         )
         self._xla_handle: np.ndarray | None = None
         self._xla_step_fn: Any = None
@@ -282,8 +302,11 @@ class EnvPoolEnv:
         """Step every env with ``actions`` (shape ``[num_envs, *action_shape]``)."""
         self._require_sync("step")
         action = self._prepare_action(actions, np).astype(self._action_dtype)
-        obs, reward, terminated, truncated, info = self._env.step(action)
-        return self._to_result(np, obs, reward, terminated, truncated, info)
+        out = self._env.step(action)
+        if self._repeat > 1 and not _is_reset_step(out[4], np):
+            for _ in range(self._repeat - 1):
+                out = _summed(out, self._env.step(action))
+        return self._to_result(np, *out)
 
     @property
     def can_render(self) -> bool:
@@ -358,9 +381,20 @@ class EnvPoolEnv:
             raise RuntimeError("Call env.xla_reset() before env.xla_step().")
         action = self._prepare_action(actions, jnp)
         with self._x64_scope():
-            handle, (obs, reward, terminated, truncated, info) = self._xla_step_fn(
-                handle, action.astype(self._action_dtype)
-            )
+            action = action.astype(self._action_dtype)  # float64 needs the x64 scope
+            handle, out = self._xla_step_fn(handle, action)
+            if self._repeat > 1:
+                def repeat(carry):
+                    def one(carry, _):
+                        handle, out = carry
+                        handle, more = self._xla_step_fn(handle, action)
+                        return (handle, _summed(out, more)), None
+
+                    return jax.lax.scan(one, carry, None, self._repeat - 1)[0]
+
+                handle, out = jax.lax.cond(_is_reset_step(out[4], jnp), lambda c: c, repeat,
+                                           (handle, out))
+            obs, reward, terminated, truncated, info = out
             obs, reward = jax.tree.map(
                 lambda x: x.astype(jnp.float32) if x.dtype == jnp.float64 else x, (obs, reward)
             )

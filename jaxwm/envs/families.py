@@ -83,8 +83,9 @@ def envpool_kwargs(family: str, env_config: Mapping[str, Any]) -> dict[str, Any]
 
     Fields (all optional): ``max_episode_steps`` (any family; 0 keeps envpool's registered
     limit; counted in agent steps, i.e. after Atari's frame skip). DMC: ``frame_skip``, the
-    action repeat (1), with episodes of 1000 / frame_skip agent steps unless
-    ``max_episode_steps`` says otherwise. Atari only: ``noop_max`` (30), ``frame_skip`` (4),
+    action repeat (1: each agent step is ``frame_skip`` control steps, their rewards summed,
+    as dm_control's action-repeat wrappers do), with episodes of 1000 / frame_skip agent
+    steps unless ``max_episode_steps`` says otherwise. Atari only: ``noop_max`` (30), ``frame_skip`` (4),
     ``episodic_life`` (True), ``use_fire_reset`` (True),
     ``reward_clip`` (True, sign of the reward), ``img_height``/``img_width`` (84),
     ``gray_scale`` (True), ``frame_stack`` (4), ``repeat_action_probability`` (0.0),
@@ -99,12 +100,13 @@ def envpool_kwargs(family: str, env_config: Mapping[str, Any]) -> dict[str, Any]
     kwargs: dict[str, Any] = {}
     max_steps = int(env_config.get("max_episode_steps", 0))
     if family == "dmc":
-        # Action repeat: envpool repeats the action for frame_skip physics steps and sums the
-        # rewards, but keeps counting its 1000-step limit in agent steps; DMC's episodes are
-        # 1000 physics steps (returns up to 1000), so the limit shrinks with the repeat.
+        # Action repeat, done by jaxwm (``factory.EnvPoolEnv``, ``action_repeat``): envpool's
+        # own frame_skip repeats the control but reports only the last step's reward (not the
+        # sum dm_control's wrappers return), which halves returns at a repeat of 2. envpool
+        # steps one control step at a time and counts DMC's 1000-step limit in them.
         repeat = int(env_config.get("frame_skip", 1))
-        kwargs["frame_skip"] = repeat
-        max_steps = max_steps or DMC_EPISODE_STEPS // repeat
+        kwargs["action_repeat"] = repeat
+        max_steps = (max_steps or DMC_EPISODE_STEPS // repeat) * repeat
     if max_steps > 0:  # envpool would store 0 as the limit itself, so only pass a real one
         kwargs["max_episode_steps"] = max_steps
     if family == "atari":
