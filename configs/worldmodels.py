@@ -56,6 +56,7 @@ def get_config(variant: str = "carracing") -> ml_collections.ConfigDict:
     w.rnn_seq_len = 8 if tiny else 1000
     w.rnn_grad_clip = 1.0  # per gradient element, as the reference's clip_by_value
     w.rnn_updates = 6 if tiny else 4000
+    w.video_every = 1 if tiny else 10  # generations between dream-beside-real videos (0: never)
     if tiny:
         w.vae_epochs = 1
     cpu = variant == "carracing_cpu"

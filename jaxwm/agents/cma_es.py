@@ -79,7 +79,10 @@ class Evolution:
         return self.strategy.default_params.replace(std_init=self.sigma)
 
     def init(self, key) -> Any:
-        return self.strategy.init(key, jnp.zeros(self.num_params), self.params)
+        state = self.strategy.init(key, jnp.zeros(self.num_params), self.params)
+        # evosax leaves a few fields weakly typed until the first tell; strong types from the
+        # start keep a jitted generation from compiling twice.
+        return jax.tree.map(lambda x: jnp.asarray(x, dtype=x.dtype), state)
 
     def ask(self, state, key) -> tuple[jax.Array, Any]:
         """Candidates [population, num_params] and the state that asked for them."""

@@ -32,8 +32,8 @@ Phases (``configs/worldmodels.py``), each with its own counter:
    starts, its reward and done heads giving the reward and the end).
 
 What the run shows besides the losses: every encode call, 8 frames above V's
-reconstructions (``vae/reconstructions``, a PNG); every generation, M's dream of a real
-stretch beside the real frames, both decoded by V (``rnn/dream_vs_real``, a GIF), and
+reconstructions (``vae/reconstructions``, a PNG); every ``video_every`` generations, M's dream
+of a real stretch beside the real frames, both decoded by V (``rnn/dream_vs_real``, a GIF), and
 CMA-ES's best, mean and spread of returns and its step size (``cma/*``). The loop then
 evaluates, in the real env, the controller at the mean of the search distribution, with V
 and M (``Algorithm.policy``; ``eval.num_episodes``: 100 for ``carracing``, as the paper).
@@ -261,6 +261,17 @@ def build(config) -> Algorithm:
     video_of_dream = backend.jit(partial(dream_beside_real, agent,
                                          temperature=config.dream.temperature))
 
+    def videos(state, data, key, due: bool):
+        """The dream-beside-real video where ``due``, else nothing."""
+        if not due:
+            return {}
+        return {"rnn/dream_vs_real": video_of_dream(state.vae.params, state.rnn.params,
+                                                    data["latents"], key)}
+
+    def video_due(es) -> bool:
+        """Every ``video_every`` generations (read before a generation donates ``es``)."""
+        return bool(w.video_every) and int(es.generation_counter) % w.video_every == 0
+
     pool_size = ctl.population * ctl.episodes
 
     if ctl.train_in == "real":
@@ -287,11 +298,12 @@ def build(config) -> Algorithm:
         def evolve_hook(state, data, key):
             key, k_video = jax.random.split(key)
             handle, first = real.start()  # every env reset: whole episodes from the start
+            due = video_due(state.evolution)
             es, metrics = generation(state.evolution, state.vae.params, state.rnn.params,
                                      handle, first, key)
             release(state.evolution)
-            video = video_of_dream(state.vae.params, state.rnn.params, data["latents"], k_video)
-            return state.replace(evolution=es), {}, {**metrics, "rnn/dream_vs_real": video}
+            return state.replace(evolution=es), {}, {**metrics,
+                                                     **videos(state, data, k_video, due)}
 
         close_pool = pool.close
     else:
@@ -300,11 +312,12 @@ def build(config) -> Algorithm:
 
         def evolve_hook(state, data, key):
             key, k_video = jax.random.split(key)
+            due = video_due(state.evolution)
             es, metrics = dream(state.evolution, state.vae.params, state.rnn.params,
                                 data["latents"], key)
             release(state.evolution)
-            video = video_of_dream(state.vae.params, state.rnn.params, data["latents"], k_video)
-            return state.replace(evolution=es), {}, {**metrics, "rnn/dream_vs_real": video}
+            return state.replace(evolution=es), {}, {**metrics,
+                                                     **videos(state, data, k_video, due)}
 
         close_pool = lambda: None  # noqa: E731
 

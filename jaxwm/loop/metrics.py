@@ -19,6 +19,7 @@ not written as NaN.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import math
@@ -176,7 +177,8 @@ class MetricWriter:
         os.makedirs(os.path.join(self.workdir, kind), exist_ok=True)
         return relative
 
-    def _write_video(self, name: str, video: Video, step: int) -> str:
+    def _write_video(self, name: str, video: Video, step: int):
+        """The GIF file, and the TensorBoard event to add once the row is written."""
         from tensorboardX.proto.summary_pb2 import Summary
 
         data = gif_bytes(video.frames, video.fps)
@@ -188,36 +190,54 @@ class MetricWriter:
         # add_video needs moviepy, which this avoids.
         image = Summary.Image(height=height, width=width, colorspace=channels,
                               encoded_image_string=data)
-        self._tb._get_file_writer().add_summary(
+        return relative, lambda: self._tb._get_file_writer().add_summary(
             Summary(value=[Summary.Value(tag=name, image=image)]), step)
-        return relative
 
-    def _write_image(self, name: str, image: Image, step: int) -> str:
+    def _write_image(self, name: str, image: Image, step: int):
+        """The PNG file, and the TensorBoard event to add once the row is written."""
         import imageio.v2 as imageio
 
         pixels = _uint8(image.pixels)
         relative = self._media_path("images", name, step, "png")
         imageio.imwrite(os.path.join(self.workdir, relative),
                         pixels[..., 0] if pixels.shape[-1] == 1 else pixels)
-        self._tb.add_image(name, pixels, step, dataformats="HWC")
-        return relative
+        return relative, lambda: self._tb.add_image(name, pixels, step, dataformats="HWC")
+
+    def _check_tensorboard(self) -> None:
+        """tensorboardX writes from a thread of its own; when a write fails there (a full
+        disk, a quota, a file-size limit) the thread dies and later events would block on its
+        full queue forever. Say so as the write error it was instead."""
+        events = self._tb._get_file_writer().event_writer
+        worker = getattr(events, "_worker", None)
+        if worker is not None and not events._closed and not worker.is_alive():
+            raise OSError(errno.ENOSPC, "TensorBoard's event writer stopped: a write of its "
+                          "failed (disk full, quota or file-size limit)", self.workdir)
 
     def write(self, step: int, metrics: dict) -> None:
+        """The row's media files and ``metrics.jsonl`` line first (written here, so a full
+        disk raises at once), then TensorBoard's events (written by its thread)."""
         if self._tb is None:
             return
-        row = {"step": int(step)}
+        row, events = {"step": int(step)}, []
         for name, value in metrics.items():
             if isinstance(value, Video):
-                row[name] = self._write_video(name, value, step)
+                row[name], event = self._write_video(name, value, step)
+                events.append(event)
             elif isinstance(value, Image):
-                row[name] = self._write_image(name, value, step)
+                row[name], event = self._write_image(name, value, step)
+                events.append(event)
             elif isinstance(value, Histogram):
-                self._tb.add_histogram(name, np.asarray(value.values, np.float64), step)
+                values = np.asarray(value.values, np.float64)
+                events.append(lambda name=name, values=values: self._tb.add_histogram(
+                    name, values, step))
             elif math.isfinite(float(value)):
                 row[name] = float(value)
-                self._tb.add_scalar(name, float(value), step)
+                events.append(lambda name=name, v=row[name]: self._tb.add_scalar(name, v, step))
         self._jsonl.write(json.dumps(row) + "\n")
         self._jsonl.flush()
+        for event in events:
+            self._check_tensorboard()  # before each event: its queue holds ten
+            event()
         if self._wandb is not None:
             self._wandb.write(step, row, self.workdir,
                               {k: v for k, v in metrics.items() if _is_media(v)})
