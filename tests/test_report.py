@@ -138,3 +138,18 @@ def test_no_runs_and_the_command_line(tmp_path, capsys):
     assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--reps", "200"]) == 0
     printed = capsys.readouterr().out
     assert "| seeds |" in printed and "1.5 [" in printed
+
+
+def test_auto_normalisation_scores_each_task_as_it_is_published(tmp_path):
+    """By default Atari 100k games are human-normalised, DMC tasks divided by 1000, and envs
+    with no published normalisation (CartPole) stay raw."""
+    from jaxwm.report import auto_normalization
+
+    assert [auto_normalization(e) for e in ("Pong-v5", "CheetahRun-v1", "Hopper-v4",
+                                            "CartPole-v1")] == ["atari_hns", "dmc", "d4rl", "raw"]
+    write_run(tmp_path / "runs" / "pong", [14.6], env_id="Pong-v5")  # human level
+    write_run(tmp_path / "runs" / "cheetah", [500.0], env_id="CheetahRun-v1")
+    out = report(tmp_path, [tmp_path / "runs"])
+    finals = {r["env.id"]: r["final"][0] for r in out.table}
+    assert finals == {"Pong-v5": pytest.approx(1.0), "CheetahRun-v1": pytest.approx(0.5)}
+    assert "normalised score (atari_hns, dmc)" in out.markdown

@@ -14,7 +14,8 @@ differ only by seed, and writes to ``--out``:
   of improvement of each method over each other that ran the same tasks.
 
 Scores are the metric's values, normalised by ``--normalize`` (``jaxwm.scores``: raw, Atari
-human-normalised, D4RL, DMC / 1000). ``make_report`` is the whole of it, for notebooks.
+human-normalised, D4RL, DMC / 1000; by default ``auto``, each task's published score, raw for
+tasks without one). ``make_report`` is the whole of it, for notebooks.
 """
 
 from __future__ import annotations
@@ -87,8 +88,25 @@ def _status(runs: list[Run]) -> str:
     return f"{len(unfinished)} of {len(runs)} in progress (from {least:.0%})"
 
 
+def auto_normalization(env_id: str) -> str:
+    """The score an env's results are published in: Atari's human-normalised score for the
+    26 Atari 100k games, D4RL's for its MuJoCo tasks, DMC's return / 1000, raw otherwise."""
+    if scores.atari_game(env_id):
+        return "atari_hns"
+    if scores.reference_returns(env_id):
+        return "d4rl"
+    try:
+        from jaxwm.envs.families import infer_family
+
+        return "dmc" if infer_family(env_id) == "dmc" else "raw"
+    except Exception:  # noqa: BLE001 -- an id envpool does not know (crafter): raw
+        return "raw"
+
+
 def _normalized(run: Run, values, kind: str):
-    return scores.normalize(values, str(run.config.get(TASK_FIELD, "")), kind)
+    env_id = str(run.config.get(TASK_FIELD, ""))
+    return scores.normalize(values, env_id, auto_normalization(env_id) if kind == "auto"
+                            else kind)
 
 
 def _band(seeds, axis: str, normalize: str, run_of, reps: int, seed: int, ci: bool):
@@ -113,12 +131,12 @@ def _band(seeds, axis: str, normalize: str, run_of, reps: int, seed: int, ci: bo
 
 
 def make_report(paths, out: str, metric: str = "eval/episodic_return", group_by=None,
-                normalize: str = "raw", ci: str = "auto", reps: int = 2000, seed: int = 0,
+                normalize: str = "auto", ci: str = "auto", reps: int = 2000, seed: int = 0,
                 log=print) -> Report:
     """Reads the runs under ``paths`` and writes the report to ``out`` (module docstring).
     Bad input raises ``ReportError`` with what to do; unreadable runs are skipped and named."""
-    if normalize not in scores.NORMALIZATIONS:
-        raise ReportError(f"unknown normalisation {normalize!r}; choose one of "
+    if normalize not in (*scores.NORMALIZATIONS, "auto"):
+        raise ReportError(f"unknown normalisation {normalize!r}; choose one of auto, "
                           f"{', '.join(scores.NORMALIZATIONS)}.")
     if ci not in CI_MODES:
         raise ReportError(f"unknown --ci {ci!r}; choose one of {', '.join(CI_MODES)}.")
@@ -149,7 +167,11 @@ def make_report(paths, out: str, metric: str = "eval/episodic_return", group_by=
     except scores.UnknownNormalization as e:
         raise ReportError(str(e)) from None
     use_ci = ci != "never"
-    unit = scores.NORMALIZATIONS[normalize][0] if normalize != "raw" else metric
+    if normalize == "auto":
+        kinds = sorted({auto_normalization(str(r.config.get(TASK_FIELD, ""))) for r in runs})
+        unit = ("normalised score (" + ", ".join(kinds) + ")") if kinds != ["raw"] else metric
+    else:
+        unit = scores.NORMALIZATIONS[normalize][0] if normalize != "raw" else metric
     os.makedirs(out, exist_ok=True)
     files = []
 
@@ -175,7 +197,7 @@ def make_report(paths, out: str, metric: str = "eval/episodic_return", group_by=
                                              _with_ci(*row["final"]), _with_ci(*row["best"]),
                                              _fmt(row["env_steps"]), _duration(row["wall_seconds"]),
                                              _fmt(row["steps_per_second"])]) + " |")
-    markdown = [f"# Report: {metric}" + (f", {unit}" if normalize != "raw" else ""),
+    markdown = [f"# Report: {metric}" + (f", {unit}" if unit != metric else ""),
                 "", f"{len(runs)} runs in {len(groups)} groups"
                 + (f", grouped by {', '.join(fields)}" if fields else "") + ".", "", *lines]
     with open(os.path.join(out, "table.csv"), "w", newline="") as f:
@@ -217,7 +239,7 @@ def make_report(paths, out: str, metric: str = "eval/episodic_return", group_by=
             task = str(run.config.get(TASK_FIELD, ""))
             methods.setdefault(method, {}).setdefault(task, []).extend(
                 _normalized(run, s.final, normalize) for s in run.seeds)
-    if normalize == "raw" and len({t for tasks in methods.values() for t in tasks}) > 1:
+    if unit == metric and len({t for tasks in methods.values() for t in tasks}) > 1:
         notes.append("aggregates pool raw returns of different tasks as they are; pass "
                      "--normalize (atari_hns, d4rl, dmc) where their scales differ.")
     for method, tasks in methods.items():
@@ -226,7 +248,7 @@ def make_report(paths, out: str, metric: str = "eval/episodic_return", group_by=
             notes.append(f"{method}: tasks have {sorted({len(v) for v in tasks.values()})} "
                          f"seeds; the aggregates use the first {n} of each.")
         score_dict[method] = np.array([tasks[t][:n] for t in sorted(tasks)], np.float64).T
-    gap = normalize != "raw"
+    gap = unit != metric  # "1 = solved" only means something on normalised scores
     results = stats.aggregates(score_dict, reps, seed, optimality_gap=gap)
     names = list(next(iter(results.values())))
     agg_lines = ["| method | tasks | runs per task | " + " | ".join(f"{n} (95% CI)" for n in names)
@@ -279,8 +301,10 @@ def main(argv=None) -> int:
     parser.add_argument("--metric", default="eval/episodic_return")
     parser.add_argument("--group-by", default="",
                         help="comma-separated config settings (default: those that differ)")
-    parser.add_argument("--normalize", default="raw", help=", ".join(
-        f"{k} ({v[0]})" for k, v in scores.NORMALIZATIONS.items()))
+    parser.add_argument("--normalize", default="auto", help="auto (default: each task's "
+                        "published score: Atari 100k games human-normalised, D4RL tasks D4RL, "
+                        "DMC / 1000, raw otherwise), " + ", ".join(
+                            f"{k} ({v[0]})" for k, v in scores.NORMALIZATIONS.items()))
     parser.add_argument("--ci", default="auto", choices=CI_MODES,
                         help="95%% CIs: auto (groups with 2+ seeds), always (error otherwise), "
                              "never")
