@@ -105,7 +105,7 @@ def envpool_kwargs(family: str, env_config: Mapping[str, Any]) -> dict[str, Any]
         # sum dm_control's wrappers return), which halves returns at a repeat of 2. envpool
         # steps one control step at a time and counts DMC's 1000-step limit in them.
         repeat = int(env_config.get("frame_skip", 1))
-        kwargs["action_repeat"] = repeat
+        kwargs["action_repeat"] = repeat  # jaxwm's, not envpool's: EnvPoolEnv takes it out
         max_steps = (max_steps or DMC_EPISODE_STEPS // repeat) * repeat
     if max_steps > 0:  # envpool would store 0 as the limit itself, so only pass a real one
         kwargs["max_episode_steps"] = max_steps
