@@ -12,7 +12,8 @@ Phases, each with its own counter: ``collect`` (random rollouts, ``env_steps``) 
 (``rnn_updates``) -> ``evolve`` (CMA-ES ``generations``, in the real env or in the dream),
 then the loop's evaluation of the distribution's mean controller.
 
-``carracing`` is the paper's recipe (REFERENCE.md, "World Models"): 10k random rollouts of
+``carracing`` is the paper's recipe (Ha & Schmidhuber 2018, appendix A; the settings of
+hardmaru/WorldModelsExperiments ``carracing/``): 10k random rollouts of
 1000 steps, VAE batch 100 at lr 1e-4 for 10 epochs, MDN-RNN of 256 units and 5 Gaussians at
 lr 1e-3, batch 100, sequences of 1000 steps, 4000 updates, clipped at 1; CMA-ES population
 64, 16 episodes each, sigma 0.1. At that size it is days of compute (the paper's CMA-ES ran on

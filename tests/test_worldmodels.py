@@ -196,6 +196,16 @@ def small_agent():
     return agent, params
 
 
+def test_frames_are_read_the_same_channels_first_or_last():
+    """envpool's CarRacing frames are [n, 3, 96, 96]: the same picture as [n, 96, 96, 3]."""
+    from jaxwm.agents.worldmodels import preprocess
+
+    hwc = jax.random.randint(jax.random.key(0), (2, 96, 96, 3), 0, 256).astype(jnp.uint8)
+    chw = jnp.moveaxis(hwc, -1, 1)
+    np.testing.assert_allclose(preprocess(chw, 84), preprocess(hwc, 84))
+    assert preprocess(chw, 84).shape == (2, 64, 64, 3)
+
+
 def test_the_agent_resets_its_memory_at_episode_starts_and_shares_v_and_m_in_a_population():
     agent, params = small_agent()
     frames = jax.random.randint(jax.random.key(1), (4, 96, 96, 3), 0, 256).astype(jnp.uint8)

@@ -10,7 +10,9 @@ shared with three other runs): population mean return per generation -19.9, -19.
 (first three) to 0.8, 13.4, -2.2 (last three); the mean controller scored 79.7 (std 108 over
 10 episodes, mean length 874); uniform random actions scored -30.2 (std 4.4) on the same
 10-episode evaluation, so the controller ended 110 above random. One run: the evaluation's
-standard error is about 34."""
+standard error is about 34. That run predates a fix: while acting, V read envpool's
+channels-first frames resized as if channels-last (training V and M read them right), so
+the controller evolved on scrambled features; not yet run again since."""
 
 import json
 import os

@@ -25,9 +25,11 @@ from jaxwm.models import mdnrnn, vae
 
 
 def preprocess(frames: jax.Array, crop_rows: int = 0) -> jax.Array:
-    """uint8 frames [n, H, W, 3] -> float [n, 64, 64, 3] in [0, 1]: the first ``crop_rows``
-    rows kept if set (CarRacing: 84 of 96, dropping the dashboard, as the reference's
-    ``_process_frame``), then a bilinear resize."""
+    """uint8 frames [n, H, W, 3] (or envpool's [n, 3, H, W]) -> float [n, 64, 64, 3] in
+    [0, 1]: the first ``crop_rows`` rows kept if set (CarRacing: 84 of 96, dropping the
+    dashboard, as the reference's ``_process_frame``), then a bilinear resize."""
+    if frames.shape[1] == 3 and frames.shape[-1] != 3:  # channels first
+        frames = jnp.moveaxis(frames, 1, -1)
     frames = frames[:, :crop_rows] if crop_rows else frames
     frames = frames.astype(jnp.float32) / 255.0
     return jax.image.resize(frames, (frames.shape[0],) + vae.FRAME, "bilinear")

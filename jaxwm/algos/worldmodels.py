@@ -134,11 +134,6 @@ def hook_counts(config) -> dict[str, dict[str, int]]:
             "update_rnn": {"rnn_updates": 1}, "evolve": {"generations": 1}}
 
 
-def channels_last(frames: jax.Array) -> jax.Array:
-    """envpool's [n, 3, H, W] frames as [n, H, W, 3] (frames already so are left alone)."""
-    return jnp.moveaxis(frames, 1, -1) if frames.shape[1] == 3 else frames
-
-
 def episode_returns(steps: acting.Steps) -> jax.Array:
     """Each env's return [n] over its first episode in a rollout ``[T, n]`` that started
     from a reset: the reward arriving with row t counts while no earlier row ended the
@@ -180,7 +175,7 @@ def build(config) -> Algorithm:
     def record(params, start, steps, final, completed):
         del params, start
         t, n = steps.is_first.shape
-        frames = jax.vmap(lambda f: preprocess(channels_last(f), w.crop_rows))(steps.obs)
+        frames = jax.vmap(lambda f: preprocess(f, w.crop_rows))(steps.obs)
         reset = steps.is_first.at[0].set(True)  # an env's stretch does not continue another's
         rows = {"frame": (frames * 255).round().astype(jnp.uint8),
                 "action": steps.action.astype(jnp.float32),
