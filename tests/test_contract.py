@@ -58,8 +58,9 @@ def test_one_and_four_devices_agree(name, tiny_dataset):
 @pytest.mark.parametrize("name", NAMES)
 def test_two_seeds_train_as_two_runs(name, tiny_dataset):
     cannot = module_of(name).CAPABILITIES.cannot
-    if "seeds" in cannot:  # declared, and refused in one line (test_bad_settings_...)
-        pytest.skip(f"{name} runs one seed per process: {cannot['seeds']}")
+    if "seeds" in cannot:
+        pytest.skip(f"{name} declares it runs one seed per process ({cannot['seeds']}); "
+                    "test_bad_settings_are_one_line_errors checks that num_seeds=2 is refused")
     contract.check_seeds_are_runs(module_of(name), tiny(name, tiny_dataset), calls=6,
                                   rtol=1e-5, atol=1e-6)
 
