@@ -216,7 +216,7 @@ def main() -> None:
         f"{FULL_ROLLOUT} at full size, where each step takes seconds) over its steps, median of "
         f"{args.repeats} calls; compile_s: the first call.",
         "conv_rate: FLOPs of one optimiser step from XLA's cost analysis; gflops_alone: that step"
-        " under plain jit (XLA:CPU's rate for these shapes); scan_vs_alone: the training "
+        f" under plain jit (XLA:{hw['backend'].upper()}'s rate for these shapes); scan_vs_alone: the training "
         "rollout's rate as a share of it (goal >= 0.7).",
         "peak_mib: " + rows[0]["memory"] + " (on CPU the whole process, host side).",
     ]
@@ -235,7 +235,10 @@ def main() -> None:
             peer_train, peer_sim = MBARC_TRAIN_STEP_S, None
             notes.append(f"MBARC PyTorch, one thread, this machine class (benchmarks/"
                          f"REFERENCES.md): {peer_train} s per training step at batch 4.")
-        notes.append(f"World-model training: {peer_train / train:.2f}x MBARC's rate (goal >= 1x);"
+        versus = (f"{peer_train / train:.2f}x MBARC's rate (goal >= 1x)" if hw["backend"] == "cpu"
+                  or peers else f"{peer_train / train:.0f}x MBARC's one-CPU-thread figure (not "
+                  "the same hardware: no MBARC run on this GPU)")
+        notes.append(f"World-model training: {versus};"
                      f" the training loop reaches {full['conv_rate']['scan_vs_alone']:.0%} of "
                      "this machine's rate for its shapes (goal >= 70%).")
         if peer_sim:

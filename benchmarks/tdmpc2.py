@@ -136,8 +136,10 @@ def main() -> None:
     ]
     if peers:
         threads = peers[0].get("threads")
+        where = (f"on {peers[0]['device_name']}" if peers[0].get("device") == "cuda"
+                 else f"{threads} thread(s)")
         notes.append(f"Peer: nicklashansen/tdmpc2 (PyTorch {peers[0].get('torch')}, "
-                     f"{threads} thread(s), compile={peers[0].get('compile')}), "
+                     f"{where}, compile={peers[0].get('compile')}), "
                      f"{len(peers)} runs, one before and one after jaxwm's.")
         for r in rows:
             key = {"update": "update_s", "plan x1": "plan_s"}.get(r["what"])

@@ -26,7 +26,8 @@ Deviations from the reference, applied at run time (the checkout is not edited):
   * device: the reference hard-codes ``torch.device('cuda:0')`` in ``TDMPC2.__init__`` and
     ``RunningScale.__init__``. While the agent is built, the ``torch`` name in those two modules
     is a stand-in whose ``device('cuda...')`` gives the CPU device (everything else is torch
-    itself); the real module is put back before anything is timed or compiled.
+    itself); the real module is put back before anything is timed or compiled. With
+    ``--device cuda`` nothing is swapped: the reference runs as written, on its ``cuda:0``.
   * ``--compile``: torch 2.13's inductor fails on CPU to compile both ``_update`` and ``_plan``
     (BackendCompilerFailed in the randperm-index pattern matcher, reached through
     ``WorldModel.Q``'s ``torch.randperm(num_q)[:2]``); the error goes into the JSON
@@ -38,6 +39,7 @@ Deviations from the reference, applied at run time (the checkout is not edited):
     (``adam_capturable``).
 
     <venv>/bin/python benchmarks/peers/tdmpc2_torch.py --src ../tdmpc2 --threads 2 --sizes 1,5
+    python3 benchmarks/peers/tdmpc2_torch.py --src ../tdmpc2 --device cuda   # on a GPU
 """
 import argparse
 import functools
@@ -127,9 +129,13 @@ class _CpuTorch:
         return torch.device(spec, *a, **k)
 
 
-def build_agent(cfg):
+def build_agent(cfg, device):
     import common.scale
     import tdmpc2 as ref
+    if device == "cuda":  # the reference's own device: nothing to swap
+        agent = ref.TDMPC2(cfg)
+        assert agent.device.type == "cuda"
+        return agent
     mods = (ref, common.scale)
     for m in mods:
         m.torch = _CpuTorch()
@@ -145,15 +151,14 @@ def build_agent(cfg):
 class FixedBatch:
     """Stand-in for common.buffer.Buffer: sample() hands out one pre-drawn batch."""
 
-    def __init__(self, cfg, gen):
+    def __init__(self, cfg, gen, device):
         H, B = cfg.horizon, cfg.batch_size
-        self.batch = (
+        self.batch = tuple(t.to(device) for t in (
             torch.randn(H + 1, B, cfg.obs_shape["state"][0], generator=gen),
             torch.rand(H, B, cfg.action_dim, generator=gen) * 2 - 1,
             torch.randn(H, B, 1, generator=gen),
             torch.zeros(H, B, 1),
-            None,
-        )
+        )) + (None,)
 
     def sample(self):
         return self.batch
@@ -191,22 +196,22 @@ def run_size(size, args):
     cfg = reference_config(size, args.obs_dim, args.action_dim, args.compile)
     out = {}
     t = time.perf_counter()
-    agent = build_agent(cfg)
+    agent = build_agent(cfg, args.device)
     out["build_s"] = round(time.perf_counter() - t, 3)
     out["params"] = agent.model.total_params
     out["discount"] = agent.discount
-    ok, err = _capturable_ok(agent)
+    ok, err = (True, None) if args.device == "cuda" else _capturable_ok(agent)
     out["adam_capturable"] = ok
     if err:
         out["adam_capturable_error"] = err
 
     gen = torch.Generator().manual_seed(0)
-    buf = FixedBatch(cfg, gen)
-    obs = torch.randn(args.obs_dim, generator=gen)
+    buf = FixedBatch(cfg, gen, args.device)
+    obs = torch.randn(args.obs_dim, generator=gen).to(args.device)
 
     def update():
         info = agent.update(buf)
-        float(info["total_loss"])  # results are on the CPU; this only reads one
+        float(info["total_loss"])  # reads one result: waits for the GPU's queue too
         return info
 
     def plan():
@@ -240,6 +245,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--src")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the reference's own device (needs a CUDA build of torch)")
     ap.add_argument("--sizes", default="1,5")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls after the first")
@@ -257,7 +264,10 @@ def main():
         misc_patterns._misc_patterns_init = functools.cache(lambda input_device=None: None)
 
     torch.set_num_threads(args.threads)
-    out = {"threads": args.threads, "torch": torch.__version__, "compile": args.compile}
+    out = {"threads": args.threads, "torch": torch.__version__, "compile": args.compile,
+           "device": args.device}
+    if args.device == "cuda":
+        out["device_name"] = torch.cuda.get_device_name(0)
     if args.skip_randperm_pattern:
         out["compile_workaround"] = "inductor fx_passes.misc_patterns disabled"
     try:

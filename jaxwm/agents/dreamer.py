@@ -119,8 +119,8 @@ class DreamerAgent:
                                                        learner.params)
             params = jax.tree.map(lambda p, u: p + u, learner.params, updates)
             slow = self.actor_critic.slow_update(learner.slow_critic, params["critic"])
-            metrics = {**metrics, "optim/grad_norm": optax.global_norm(grads),
-                       "optim/update_norm": optax.global_norm(updates)}
+            metrics = {**metrics, "optim/grad_norm": optax.tree.norm(grads),
+                       "optim/update_norm": optax.tree.norm(updates)}
             return Learner(params, slow, opt_state, retnorm), metrics
 
         return update
