@@ -139,7 +139,11 @@ def put_readonly(tree, mesh: Mesh, shard_min_bytes: int = 16 << 20):
     ``Algorithm.data``: each leaf of at least ``shard_min_bytes`` whose leading axis splits
     evenly over the ``data`` axis is sharded over it (every device holds 1/N of it; a jitted
     gather reads across devices), and the rest is replicated. Hooks receive it as an argument,
-    so it is never a compile-time constant."""
+    so it is never a compile-time constant. On a one-device mesh it is put on the default
+    device uncommitted, as ``replicate`` leaves state, so the hooks compile once."""
+    if mesh.size == 1:
+        return jax.tree.map(lambda x: jax.device_put(np.asarray(x) if not isinstance(
+            x, jax.Array) else x), tree)
 
     def place(x):
         x = x if isinstance(x, jax.Array) else np.asarray(x)

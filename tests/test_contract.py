@@ -20,7 +20,7 @@ from jaxwm.loop.algorithm import Algorithm, Hook
 from jaxwm.tools import make_dataset
 
 NAMES = sorted(REGISTRY)
-OFFLINE = ("mopo", "gormpo")
+OFFLINE = ("mopo", "gormpo", "diffusion")
 
 
 @pytest.fixture(scope="session")

@@ -39,6 +39,7 @@ REGISTRY = {
     "simple": Entry("jaxwm.algos.simple", "configs/simple.py:tiny"),
     "tdmpc2": Entry("jaxwm.algos.tdmpc2", "configs/tdmpc2.py:tiny"),
     "worldmodels": Entry("jaxwm.algos.worldmodels", "configs/worldmodels.py:tiny"),
+    "diffusion": Entry("jaxwm.algos.diffusion", "configs/diffusion.py:tiny"),
 }
 
 NO_PROCESSES = ("it keeps its whole state on every device and steps its envs from one process; "

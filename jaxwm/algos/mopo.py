@@ -59,10 +59,10 @@ from tqdm import tqdm
 from jaxwm import backend, parallel
 from jaxwm.agents import sac
 from jaxwm.algos import continuous_control
-from jaxwm.config import ConfigError, require
-from jaxwm.data.datasets import Dataset, DatasetError, load_dataset
+from jaxwm.config import require
+from jaxwm.data.datasets import load_configured
 from jaxwm.data.replay import TransitionReplay
-from jaxwm.envs import acting, make_env
+from jaxwm.envs import acting
 from jaxwm.envs.types import StepResult
 from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import Algorithm, Hook, learner_update
@@ -126,19 +126,6 @@ def density_spec(config, dim: int) -> realnvp.DensitySpec:
     g = config.gormpo
     return realnvp.DensitySpec(dim, g.num_couplings, tuple(g.hidden), g.learning_rate,
                                g.batch_size, g.max_epochs, g.patience, g.threshold_quantile)
-
-
-def load_for(config) -> Dataset:
-    """The dataset (made beforehand by ``jaxwm.runner`` where the config says how to make a
-    missing one: ``dataset_make``)."""
-    path = os.path.expanduser(config.dataset)
-    try:
-        return load_dataset(path)
-    except DatasetError as e:
-        hint = "" if os.path.exists(path) else (
-            f" Point --config.dataset at a D4RL or Minari file, or make one: python -m "
-            f"jaxwm.tools.make_dataset --env={config.env.id} --level=medium --out={path}")
-        raise ConfigError(str(e) + hint) from e
 
 
 def fit_density(config, x: np.ndarray) -> tuple[realnvp.DensitySpec, dict, Normalizer, float]:
@@ -276,18 +263,8 @@ def hook_counts(config) -> dict[str, dict[str, int]]:
 
 def build(config) -> Algorithm:
     m, s = config.mopo, config.sac
-    dataset = load_for(config)
-    # The env only for its spaces (and the evaluator's own pool): offline, nothing is stepped.
-    probe = make_env(config.env, num_envs=1, seed=config.seed)
-    try:
-        spec = probe.spec
-        try:
-            dataset.check_matches(spec.obs_shape, spec.action_shape, config.env.id)
-        except DatasetError as e:
-            raise ConfigError(str(e)) from e
-        box = sac.ActionBox(np.asarray(spec.action_low), np.asarray(spec.action_high))
-    finally:
-        probe.close()
+    dataset, spec = load_configured(config)
+    box = sac.ActionBox(np.asarray(spec.action_low), np.asarray(spec.action_high))
     obs_dim, action_dim = dataset.obs_dim, dataset.action_dim
     terminated_fn = termination.termination_fn(config.env.id)
     model_spec = ensemble_spec(config, obs_dim, action_dim)

@@ -76,6 +76,14 @@ class Dataset:
         env_id = str(meta.get("env_id", "")) or os.path.basename(self.path)
         return reference_returns(env_id)
 
+    def episode_starts(self) -> np.ndarray:
+        """Row indices where an episode starts: row 0, and every row after a terminal step or
+        after a step whose next state is not the following row's (a timeout, or a dropped
+        timeout row: ``load_dataset`` keeps only steps with a next state)."""
+        t = self.transitions
+        breaks = t["terminated"][:-1] | np.any(t["next_obs"][:-1] != t["obs"][1:], axis=1)
+        return np.concatenate([[0], np.nonzero(breaks)[0] + 1]).astype(np.int64)
+
     def check_matches(self, obs_shape, action_shape, env_id: str = "") -> None:
         """Refuses a dataset whose observation or action sizes differ from the env's."""
         want = (tuple(obs_shape), tuple(action_shape))
@@ -252,3 +260,55 @@ def write_d4rl(path: str, arrays: Mapping[str, np.ndarray], metadata: Mapping[st
         raise
     os.replace(partial_path, path)
     return path
+
+
+def sequence_windows(episode_starts: np.ndarray, num_rows: int, length: int, pad_before: int = 0,
+                     pad_after: int = 0) -> np.ndarray:
+    """``[W, 3]`` int32 rows ``(start, episode_start, episode_end)``: every window of ``length``
+    steps inside one episode, starting up to ``pad_before`` steps before the episode's first
+    and ending up to ``pad_after`` after its last, as Diffusion Policy's ``SequenceSampler``
+    (``diffusion_policy/common/sampler.py``). A window's rows are
+    ``clip(start + arange(length), episode_start, episode_end - 1)``: steps outside the
+    episode repeat its first or last step, and no window crosses an episode boundary."""
+    ends = np.concatenate([episode_starts[1:], [num_rows]])
+    rows = []
+    for begin, end in zip(episode_starts, ends, strict=True):
+        first, last = begin - pad_before, end - length + pad_after
+        starts = np.arange(first, max(last, first - 1) + 1)
+        rows.append(np.stack([starts, np.full_like(starts, begin), np.full_like(starts, end)], 1))
+    return np.concatenate(rows).astype(np.int32) if rows else np.zeros((0, 3), np.int32)
+
+
+def window_rows(windows, length: int):
+    """The row indices ``[..., length]`` of ``sequence_windows`` rows ``[..., 3]`` (NumPy or
+    JAX arrays alike)."""
+    import jax.numpy as jnp  # here: the dataset readers need no JAX
+
+    xp = np if isinstance(windows, np.ndarray) else jnp
+    steps = windows[..., :1] + xp.arange(length)
+    return xp.clip(steps, windows[..., 1:2], windows[..., 2:3] - 1)
+
+
+def load_configured(config):
+    """``(dataset, env spec)`` for an offline run: ``config.dataset`` (made beforehand by
+    ``jaxwm.runner`` where the config says how to make a missing one: ``dataset_make``), checked
+    against ``config.env``'s spaces (the env is made only to read them: offline, nothing is
+    stepped). Problems are ``ConfigError``s that say how to fix them."""
+    from jaxwm.config import ConfigError
+    from jaxwm.envs import probe_spec
+
+    path = os.path.expanduser(config.dataset)
+    try:
+        dataset = load_dataset(path)
+    except DatasetError as e:
+        hint = "" if os.path.exists(path) else (
+            f" Point --config.dataset at a D4RL or Minari file, or make one: python -m "
+            f"jaxwm.tools.make_dataset --env={config.env.id} --level=medium --out={path}")
+        raise ConfigError(str(e) + hint) from e
+    spec = probe_spec(config.env)
+    try:
+        dataset.check_matches(spec.obs_shape, spec.action_shape, config.env.id)
+    except DatasetError as e:
+        raise ConfigError(str(e)) from e
+    return dataset, spec
+

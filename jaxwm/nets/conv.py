@@ -206,3 +206,65 @@ class ConvTranspose2D(nn.Module):
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
         return conv_transpose(x, w, self.stride, self.padding, self.output_padding,
                               _use_canonical(self.canonical_backward)) + bias
+
+
+# ----------------------------------------------------------------------------- 1-D, as matmuls
+
+
+def conv1d(x: jax.Array, w: jax.Array, stride: int = 1, padding: int = 0) -> jax.Array:
+    """PyTorch's ``Conv1d`` on channels-last ``x [B, L, C]`` with ``w [K, C, F]``, computed as
+    one matrix product over the K shifted windows (im2col), not as an XLA convolution.
+
+    Why: the 1-D convolutions of temporal U-Nets (Diffusion Policy's, over 16-step action
+    chunks) have lengths of 4 to 16 and up to 1024 channels, where XLA:CPU's convolution runs
+    an order of magnitude below the same arithmetic as a matmul
+    (``benchmarks/results/diffusion_cpu.md``); a matmul also stays fast in any loop form and
+    under autodiff. The windows are static strided slices: K copies of a small activation.
+    """
+    k = w.shape[0]
+    if padding:
+        x = jnp.pad(x, ((0, 0), (padding, padding), (0, 0)))
+    length = (x.shape[1] - k) // stride + 1
+    span = stride * (length - 1) + 1
+    windows = jnp.stack([x[:, i:i + span:stride] for i in range(k)], axis=2)  # [B, L', K, C]
+    return jnp.einsum("blkc,kcf->blf", windows, w)
+
+
+def conv_transpose1d(x: jax.Array, w: jax.Array, stride: int, padding: int = 0) -> jax.Array:
+    """PyTorch's ``ConvTranspose1d`` on ``x [B, L, C]`` with ``w [K, C, F]``: input step m
+    adds ``x[m] @ w[k]`` to output step ``stride * m + k - padding`` (length
+    ``(L - 1) * stride - 2 * padding + K``). One matmul; tap k's rows are spread ``stride``
+    apart and shifted by k with pads and reshapes (no scatter), then summed."""
+    k = w.shape[0]
+    b, length = x.shape[:2]
+    taps = jnp.einsum("bmc,kcf->kbmf", x, w)
+    full = (length - 1) * stride + k
+    out = 0.0
+    for i in range(k):
+        spread = jnp.pad(taps[i][:, :, None], ((0, 0), (0, 0), (0, stride - 1), (0, 0)))
+        spread = spread.reshape(b, length * stride, -1)[:, :full - i]
+        out = out + jnp.pad(spread, ((0, 0), (i, full - i - spread.shape[1]), (0, 0)))
+    return out[:, padding:full - padding]
+
+
+# PyTorch's default weight init for Conv and Linear layers (kaiming_uniform with a = sqrt(5)):
+# U(-1/sqrt(fan_in), 1/sqrt(fan_in)). Uniform draws also compile far faster than flax's
+# truncated-normal default, which matters for networks of many small layers.
+torch_default_init = nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform")
+
+
+class Conv1D(nn.Module):
+    """``conv1d`` as a layer; ``kernel`` is ``[K, in, out]`` as ``flax.linen.Conv``'s."""
+
+    features: int
+    kernel: int
+    stride: int = 1
+    padding: int = 0
+    transpose: bool = False  # ConvTranspose1d instead
+
+    @nn.compact
+    def __call__(self, x):
+        w = self.param("kernel", torch_default_init, (self.kernel, x.shape[-1], self.features))
+        bias = self.param("bias", nn.initializers.zeros, (self.features,))
+        op = conv_transpose1d if self.transpose else conv1d
+        return op(x, w, self.stride, self.padding) + bias
