@@ -216,8 +216,8 @@ def main() -> None:
         f"{FULL_ROLLOUT} at full size, where each step takes seconds) over its steps, median of "
         f"{args.repeats} calls; compile_s: the first call.",
         "conv_rate: FLOPs of one optimiser step from XLA's cost analysis; gflops_alone: that step"
-        f" under plain jit (XLA:{hw['backend'].upper()}'s rate for these shapes); scan_vs_alone: the training "
-        "rollout's rate as a share of it (goal >= 0.7).",
+        f" under plain jit (XLA:{hw['backend'].upper()}'s rate for these shapes); "
+        "scan_vs_alone: the training rollout's rate as a share of it (goal >= 0.7).",
         "peak_mib: " + rows[0]["memory"] + " (on CPU the whole process, host side).",
     ]
     full = {r["what"].split(" ")[0]: r for r in rows if r["size"] == "full"}

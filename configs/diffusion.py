@@ -1,9 +1,11 @@
 """Diffusion Policy on demonstrations (jaxwm/algos/diffusion.py). Launch:
-python -m jaxwm.train --config=configs/diffusion.py:pendulum     # minutes on a CPU; makes its demonstrations if missing
+python -m jaxwm.train --config=configs/diffusion.py:pendulum  # makes its demonstrations if missing
 python -m jaxwm.train --config=configs/diffusion.py:pendulum --config.diffusion.horizon=16 \
-    --config.diffusion.action_steps=8 --config.diffusion.sampler=ddim --config.diffusion.inference_steps=10
-python -m jaxwm.train --config=configs/diffusion.py:pendulum --config.diffusion.model=mlp   # the MLP-BC baseline
-python -m jaxwm.train --config=configs/diffusion.py:mujoco --config.env.id=Hopper-v4 --config.dataset=data/hopper-expert.hdf5
+    --config.diffusion.action_steps=8 --config.diffusion.sampler=ddim \
+    --config.diffusion.inference_steps=10
+python -m jaxwm.train --config=configs/diffusion.py:pendulum --config.diffusion.model=mlp  # MLP-BC
+python -m jaxwm.train --config=configs/diffusion.py:mujoco --config.env.id=Hopper-v4 \
+    --config.dataset=data/hopper-expert.hdf5
 
 Settings follow the reference's state-input U-Net (real-stanford/diffusion_policy,
 ``train_diffusion_unet_lowdim_workspace.yaml``; REFERENCE.md "Diffusion policy"): horizon 16,

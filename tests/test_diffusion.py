@@ -108,11 +108,11 @@ def reference_unet_params(action_dim, cond_dim, dims=(256, 512, 1024), embed=256
     cond = embed + cond_dim
     n = embed * 4 * embed + 4 * embed + 4 * embed * embed + embed  # step encoder
     widths = (action_dim,) + tuple(dims)
-    for i, (cin, cout) in enumerate(zip(widths[:-1], widths[1:])):
+    for i, (cin, cout) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
         n += block(cin, cout, cond) + block(cout, cout, cond)
         n += conv(cout, cout, 3) if i < len(dims) - 1 else 0
     n += 2 * block(dims[-1], dims[-1], cond)
-    for cin, cout in reversed(list(zip(widths[1:-1], widths[2:]))):
+    for cin, cout in reversed(list(zip(widths[1:-1], widths[2:], strict=True))):
         n += block(2 * cout, cin, cond) + block(cin, cin, cond) + conv(cin, cin, 4)
     return n + conv(dims[0], dims[0], k) + 2 * dims[0] + conv(dims[0], action_dim, 1)
 
