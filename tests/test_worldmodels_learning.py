@@ -5,14 +5,14 @@ at least 100 above a uniformly random policy on full episodes.
 
 Budget: the config as it ships: 32 random rollouts of 1000 steps, 1000 VAE updates at batch
 32, 500 MDN-RNN updates on windows of 200, 20 generations of 16 candidates x 2 episodes of
-500 steps, then 10 full evaluation episodes. Measured (2026-11-26, 46 min on 2 CPU cores
-shared with three other runs): population mean return per generation -19.9, -19.4, -15.6
-(first three) to 0.8, 13.4, -2.2 (last three); the mean controller scored 79.7 (std 108 over
-10 episodes, mean length 874); uniform random actions scored -30.2 (std 4.4) on the same
-10-episode evaluation, so the controller ended 110 above random. One run: the evaluation's
-standard error is about 34. That run predates a fix: while acting, V read envpool's
-channels-first frames resized as if channels-last (training V and M read them right), so
-the controller evolved on scrambled features; not yet run again since."""
+500 steps, then 10 full evaluation episodes: 23 min 20 s on 2 CPU cores (2026-11-26, other
+work beside it for part of the time). That run: population mean return per generation -3.0,
+-24.5, -18.0 (first three) to 74.2, 112.2, 89.7 (last three); the mean controller scored 99.0
+(std 90.1 over 10 episodes of 1000 steps); uniform random actions scored -30.2 on the same
+evaluation, so the controller ended 129 above random (docs/figures/
+worldmodels_carracing_cpu_curve.png). One run: the evaluation's standard error is about 28.
+An earlier run, before the acting policy read envpool's channels-first frames right, ended
+110 above random on scrambled features."""
 
 import json
 import os
