@@ -285,6 +285,33 @@ def matmuls_alone(shapes: collections.Counter, repeats: int) -> float:
     return timed(lambda: run(tensors), repeats).median
 
 
+def program_row(fn: Callable, args: tuple, repeats: int, carry_first: bool = False) -> dict:
+    """One jitted program's row: ``fn(*args)`` compiled as training compiles it
+    (``backend.jit``), compile time apart, the median of ``repeats`` calls, its matrix
+    products' GFLOP (``dot_shapes``) and their time run alone (``matmuls_alone``) over the
+    program's (``matmul_share``). ``carry_first``: the first output replaces the first argument
+    between calls (a learner that goes on, as in training)."""
+    from jaxwm import backend
+
+    jitted = backend.jit(fn)
+    state = {"args": args}
+
+    def call():
+        out = jitted(*state["args"])
+        if carry_first:
+            state["args"] = (out[0],) + state["args"][1:]
+        return out
+
+    timing = timed(call, repeats)
+    shapes = dot_shapes(fn, *args)
+    matmul_s = matmuls_alone(shapes, repeats)
+    flops = dot_flops(shapes)
+    return {"s_per_call": timing.median, "matmul_gflop": flops / 1e9,
+            "gflops": flops / timing.median / 1e9, "matmul_alone_s": matmul_s,
+            "matmul_share": matmul_s / timing.median, "compile_s": timing.compile_s,
+            "samples_s": timing.samples}
+
+
 # ----------------------------------------------------------------------------- memory
 
 

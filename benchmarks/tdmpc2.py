@@ -33,19 +33,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from common import (
-    dot_flops,
-    dot_shapes,
     hardware,
-    matmuls_alone,
     median,
     parser,
     peak_memory,
+    program_row,
     run_peer,
-    timed,
     write_results,
 )
 
-from jaxwm import backend
 from jaxwm.agents import tdmpc2
 from jaxwm.envs.types import EnvSpec
 
@@ -72,24 +68,9 @@ def fixed_batch(agent: tdmpc2.Agent) -> dict:
 
 
 def row(size: int, what: str, fn, args, per_call: float, unit: str, repeats: int) -> dict:
-    jitted = backend.jit(fn)  # as training compiles it
-    state = {"args": args}
-
-    def call():
-        out = jitted(*state["args"])
-        if what == "update":  # the learner goes on, as in training
-            state["args"] = (out[0],) + state["args"][1:]
-        return out
-
-    timing = timed(call, repeats)
-    shapes = dot_shapes(fn, *args)
-    matmul_s = matmuls_alone(shapes, repeats)
-    flops = dot_flops(shapes)
-    return {"size": f"{size}M", "what": what, "s_per_call": timing.median,
-            f"{unit}_per_s": per_call / timing.median, "matmul_gflop": flops / 1e9,
-            "matmul_alone_s": matmul_s, "matmul_share": matmul_s / timing.median,
-            "gflops": flops / timing.median / 1e9, "compile_s": timing.compile_s,
-            "samples_s": timing.samples}
+    out = program_row(fn, args, repeats, carry_first=what == "update")
+    return {"size": f"{size}M", "what": what, **out,
+            f"{unit}_per_s": per_call / out["s_per_call"]}
 
 
 def measure(size: int, repeats: int) -> list[dict]:

@@ -46,7 +46,6 @@ import functools
 import json
 import os
 import re
-import statistics
 import sys
 import time
 import warnings
@@ -69,6 +68,7 @@ SRC, PKG = _src()
 sys.path.insert(0, PKG)
 
 import torch  # noqa: E402
+from peer_timing import timed  # noqa: E402
 
 # tensordict 0.13 warns (FutureWarning) that to_module() replaces nn.Parameters by plain tensors:
 # that replacement is what the reference's Ensemble relies on (see the module docstring).
@@ -162,17 +162,6 @@ class FixedBatch:
 
     def sample(self):
         return self.batch
-
-
-def timed(fn, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts), ts
 
 
 def _capturable_ok(agent):
