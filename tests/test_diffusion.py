@@ -75,6 +75,23 @@ def test_ddim_with_every_step_and_eta_one_is_ddpm():
     assert diffusion.timesteps(100, 10, "ddim").tolist() == list(range(90, -1, -10))
 
 
+def test_ddim_sampling_with_fewer_steps_equals_its_steps_in_a_python_loop():
+    s = diffusion.squaredcos_cap_v2(20)
+    key = jax.random.PRNGKey(4)
+
+    def denoise(x_t, t):
+        return 0.3 * x_t + 0.01 * t
+
+    got = diffusion.sample(denoise, s, (2, 4, 1), key, sampler="ddim", num_inference=5)
+    k_init, k_steps = jax.random.split(key)
+    x = jax.random.normal(k_init, (2, 4, 1))
+    for t, k in zip([16, 12, 8, 4, 0], jax.random.split(k_steps, 5), strict=True):
+        x = diffusion.ddim_step(s, x, denoise(x, t), t, t - 4, jax.random.normal(k, x.shape))
+    np.testing.assert_allclose(got, x, atol=1e-5)
+    # eta = 0: the last step lands on the predicted x_0 (abar = 1 after step 0), clipped
+    assert float(jnp.abs(got).max()) <= 1.0
+
+
 def test_conv1d_and_its_transpose_follow_pytorch_definitions():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(2, 7, 3)).astype(np.float32)
@@ -204,8 +221,11 @@ def test_one_update_lowers_each_models_loss_on_a_fixed_batch():
 
 def test_ema_decay_follows_the_reference_formula():
     h = small_hyper()
-    assert float(dp.ema_decay(h, 1)) == 0.0
-    assert float(dp.ema_decay(h, 11)) == pytest.approx(1 - 11 ** -0.75)
+    # EMAModel.get_decay(optimization_step): max(0, step - 1) of the 0-based step; our
+    # update number is 1-based: updates 1 and 2 copy, the 11th uses k = 9
+    assert float(dp.ema_decay(h, 1)) == 0.0 and float(dp.ema_decay(h, 2)) == 0.0
+    assert float(dp.ema_decay(h, 3)) == pytest.approx(1 - 2 ** -0.75)
+    assert float(dp.ema_decay(h, 11)) == pytest.approx(1 - 10 ** -0.75)
     assert float(dp.ema_decay(h, 10 ** 9)) == pytest.approx(0.9999)
 
 
@@ -260,9 +280,9 @@ def test_a_dataset_of_another_env_or_without_actions_is_refused(tmp_path):
                                "terminals": np.zeros(n, bool), "timeouts": np.zeros(n, bool),
                                "next_observations": np.zeros((n, 3), np.float32)},
                         {"env_id": "x"})
-    with pytest.raises(ConfigError, match="actions"):
+    with pytest.raises(ConfigError, match="another env"):
         algo.build(load("configs/diffusion.py:tiny", {"dataset": path}))
     with h5py.File(path, "a") as f:
         del f["actions"]
-    with pytest.raises(ConfigError, match="actions"):
+    with pytest.raises(ConfigError, match=r"lacks \['actions'\]"):
         algo.build(load("configs/diffusion.py:tiny", {"dataset": path}))

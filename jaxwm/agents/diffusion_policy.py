@@ -14,17 +14,18 @@ The learner (``init_learner`` / ``make_update``, the convention of ``agents/sac.
   after a linear warm-up of 500 steps (``optax.warmup_cosine_decay_schedule``), as the
   reference's ``get_scheduler("cosine")``;
 * an EMA of the weights, used for acting (the reference's ``EMAModel``: decay
-  ``1 - (1 + step)^-0.75`` capped at 0.9999, 0 at the first step).
+  ``1 - (1 + k)^-0.75`` capped at 0.9999, 0 for the first two updates: ``ema_decay``).
 
 The policy (``policy``), shared by evaluation and any collection through the acting layer:
 its carry holds each env's last ``n_obs_steps`` observations (repeated at an episode's start,
 as the reference pads) and a queue of actions. When an env's queue is empty it plans a chunk
 of ``horizon`` actions and queues the ``action_steps`` from ``n_obs_steps - 1`` on (the
 reference's ``action_pred[:, To - 1 : To - 1 + Ta]``); the queue empties at episode starts.
-Planning runs only on steps where some env needs it (``lax.cond``), for all envs at once,
-and keeps the new plan where a queue was empty. Actions are clipped to the env's bounds. The
-sampler is stochastic at any temperature (the acting layer's temperature is not used):
-``sampler="ddim"`` with ``eta=0`` is the deterministic one.
+Planning runs only on steps where some env needs it (``lax.cond``; with several seeds the
+grouped policy is vmapped and the cond becomes a select, so every step plans), for all envs
+at once, and keeps the new plan where a queue was empty. Actions are clipped to the env's
+bounds. The acting layer's temperature is not used: the sampler starts from Gaussian noise,
+and ``sampler="ddim"`` with ``eta=0`` adds none after that.
 """
 
 from __future__ import annotations
@@ -130,9 +131,9 @@ def check(c) -> list[tuple[bool, str]]:
         (c.model != "unet" or c.horizon % levels == 0,
          f"diffusion.horizon={c.horizon} must be a multiple of {levels}: the U-Net halves it "
          f"{len(c.down_dims) - 1} times (down_dims={tuple(c.down_dims)})."),
-        (all(d % c.groups == 0 for d in c.down_dims),
+        (all(d % c.groups == 0 for d in c.down_dims) and c.down_dims[0] % 8 == 0,
          f"diffusion.down_dims={tuple(c.down_dims)} must be multiples of diffusion.groups="
-         f"{c.groups} (GroupNorm)."),
+         f"{c.groups} (GroupNorm), and the first of 8 (the last block's 8 groups)."),
         (1 <= c.inference_steps <= c.train_steps and c.train_steps % c.inference_steps == 0,
          f"diffusion.inference_steps={c.inference_steps} must divide diffusion.train_steps="
          f"{c.train_steps} (DDPM uses every step: set them equal)."),
@@ -198,9 +199,11 @@ def optimizer(h: Hyper) -> optax.GradientTransformation:
 
 
 def ema_decay(h: Hyper, step):
-    """The reference's ``EMAModel.get_decay`` (inv_gamma 1, update_after_step 0): 0 at the
-    first update, then ``1 - (1 + k)^-power`` for the k-th after it, at most ``ema_max``."""
-    k = jnp.maximum(step - 1, 0).astype(jnp.float32)
+    """The reference's ``EMAModel.get_decay`` (inv_gamma 1, update_after_step 0) after update
+    number ``step`` (1, 2, ...): the reference passes the 0-based optimisation step and takes
+    ``k = step - 1`` of it, so the first two updates copy the weights (decay 0) and update
+    ``step`` then uses ``1 - (1 + k)^-power`` with ``k = step - 2``, at most ``ema_max``."""
+    k = jnp.maximum(step - 2, 0).astype(jnp.float32)
     decay = 1.0 - (1.0 + k) ** -h.ema_power
     return jnp.where(k <= 0, 0.0, jnp.clip(decay, 0.0, h.ema_max))
 

@@ -17,7 +17,10 @@ conditioned on the last ``n_obs_steps`` observations, with the DDPM of Ho et al.
   ``DDIMScheduler.step``, ``set_alpha_to_one=True``): ``x_{t'} = sqrt(abar_t') x_0 +
   sqrt(1 - abar_t' - sigma^2) eps + sigma z``, ``sigma = eta sqrt((1-abar_t')/(1-abar_t)
   (1 - abar_t/abar_t'))``; eta = 0 (the reference's) is deterministic, and eta = 1 with every
-  training step is DDPM again.
+  training step is DDPM again. One deliberate difference: with clipped samples the noise
+  direction is recomputed from the clipped x_0 (diffusers' ``use_clipped_model_output=True``;
+  the reference calls ``step`` with its default, False, which keeps the model's eps). Only
+  this keeps x_0 and eps consistent, and DDIM at eta = 1 equal to DDPM.
 
 The whole reverse process is one ``lax.scan`` (``sample``).
 
@@ -229,7 +232,9 @@ class ConditionalUnet1D(nn.Module):
             x = ConditionalResidualBlock1D(width, **block)(x, cond)
             x = ConditionalResidualBlock1D(width, **block)(x, cond)
             x = Conv1D(width, 4, stride=2, padding=1, transpose=True)(x)  # Upsample1d
-        x = Conv1dBlock(self.down_dims[0], self.kernel_size, self.groups)(x)
+        # The reference builds this block with Conv1dBlock's default of 8 groups, whatever
+        # n_groups is (``check`` asks down_dims[0] to be a multiple of 8).
+        x = Conv1dBlock(self.down_dims[0], self.kernel_size, 8)(x)
         return Conv1D(action_dim, 1)(x)
 
 
