@@ -8,7 +8,7 @@ python -m jaxwm.train --config=configs/diffusion.py:mujoco --config.env.id=Hoppe
     --config.dataset=data/hopper-expert.hdf5
 
 Settings follow the reference's state-input U-Net (real-stanford/diffusion_policy,
-``train_diffusion_unet_lowdim_workspace.yaml``; REFERENCE.md "Diffusion policy"): horizon 16,
+``diffusion_policy/config/train_diffusion_unet_lowdim_workspace.yaml``; Chi et al. 2023): horizon 16,
 2 observation steps, 8 executed actions, down dims [256, 512, 1024], step embedding 256,
 kernel 5, 8 groups, DDPM with 100 steps (squaredcos_cap_v2, epsilon prediction, clipped
 samples), AdamW 1e-4 (0.95, 0.999), weight decay 1e-6, cosine with 500 warm-up steps, EMA

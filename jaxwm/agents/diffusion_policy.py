@@ -49,7 +49,8 @@ SAMPLERS = ("ddpm", "ddim")
 
 
 def config_block(**overrides) -> ml_collections.ConfigDict:
-    """``config.diffusion``: the reference's state-input defaults (REFERENCE.md)."""
+    """``config.diffusion``: the reference's state-input defaults (real-stanford/diffusion_policy,
+    ``diffusion_policy/config/train_diffusion_unet_lowdim_workspace.yaml``)."""
     c = ml_collections.ConfigDict()
     c.model = "unet"  # or "mlp": behaviour cloning's baseline
     c.horizon = 16
@@ -316,7 +317,7 @@ def policy(h: Hyper, action_low: Sequence[float], action_high: Sequence[float]) 
 
         def replan(queue):
             chunk = plan(h, weights, obs_norm, action_norm, history, key)
-            new = jax.lax.dynamic_slice_in_dim(chunk, h.first_action, h.action_steps, axis=1)
+            new = chunk[:, h.first_action:h.first_action + h.action_steps]
             return jnp.where(empty[:, None, None], new, queue)
 
         queue = jax.lax.cond(jnp.any(empty), replan, lambda q: q, carry["queue"])

@@ -217,8 +217,8 @@ def conv1d(x: jax.Array, w: jax.Array, stride: int = 1, padding: int = 0) -> jax
 
     Why: the 1-D convolutions of temporal U-Nets (Diffusion Policy's, over 16-step action
     chunks) have lengths of 4 to 16 and up to 1024 channels, where XLA:CPU's convolution runs
-    an order of magnitude below the same arithmetic as a matmul
-    (``benchmarks/results/diffusion_cpu.md``); a matmul also stays fast in any loop form and
+    an order of magnitude below the same arithmetic as a matmul (benchmarks/README.md,
+    "Diffusion Policy": one measurement); a matmul also stays fast in any loop form and
     under autodiff. The windows are static strided slices: K copies of a small activation.
     """
     k = w.shape[0]
