@@ -2,9 +2,9 @@
 DDIM 10) for one observation, against the reference's own PyTorch code on the same host.
 
 Rows, per model size (``--sizes``: ``full``, the reference's U-Net with down dims
-[256, 512, 1024], ~65M parameters; ``pendulum``, configs/diffusion.py's CPU size [64, 128,
-256]), on Push-T's low-dimensional shapes (20 observations, 2 actions, horizon 16, 2
-observation steps):
+[256, 512, 1024], ~65M parameters; ``small``, down dims [64, 128, 256] and a step embedding
+of 64, 4.2M parameters, where per-op overhead shows), on Push-T's low-dimensional shapes
+(20 observations, 2 actions, horizon 16, 2 observation steps):
 
 * ``train step``: one update of ``agents.diffusion_policy`` (noise, U-Net forward and
   backward, AdamW, EMA) at batch 256 on a fixed batch, jitted as training compiles it;
@@ -23,8 +23,8 @@ The peer is real-stanford/diffusion_policy's ``ConditionalUnet1D`` with diffuser
 between jaxwm's measurements when ``--peer-command`` is given (``benchmarks/peers/
 diffusion_torch.py``; the reference code is never committed), at the same thread count.
 
-    python benchmarks/diffusion.py --quick               # pendulum size, one repeat
-    python benchmarks/diffusion.py                       # full and pendulum sizes
+    python benchmarks/diffusion.py --quick               # small size, one repeat
+    python benchmarks/diffusion.py                       # full and small sizes
     python benchmarks/diffusion.py --peer-command \\
         "$VENV/bin/python benchmarks/peers/diffusion_torch.py --src ../diffusion_policy --threads 2"
 """
@@ -47,8 +47,8 @@ from common import (
 from jaxwm.agents import diffusion_policy as dp
 
 OBS_DIM, ACTION_DIM, BATCH = 20, 2, 256  # Push-T low-dimensional
-SIZES = {"full": (256, 512, 1024), "pendulum": (64, 128, 256)}
-EMBED = {"full": 256, "pendulum": 64}
+SIZES = {"full": (256, 512, 1024), "small": (64, 128, 256)}
+EMBED = {"full": 256, "small": 64}
 
 
 def hyper(size: str, sampler: str = "ddpm", steps: int = 100) -> dp.Hyper:
@@ -96,13 +96,13 @@ PEER_KEYS = {"train step (batch 256)": "train_s", "plan DDPM 100": "ddpm100_s",
 
 def main() -> None:
     p = parser(__doc__, repeats=5)
-    p.add_argument("--sizes", default="full,pendulum", help="comma-separated: full,pendulum")
+    p.add_argument("--sizes", default="full,small", help="comma-separated: full,small")
     p.add_argument("--peer-command", default="",
                    help="a command printing the reference's timings as one JSON line")
     args = p.parse_args()
     sizes = args.sizes.split(",")
     if args.quick:
-        args.repeats, sizes = 1, ["pendulum"]
+        args.repeats, sizes = 1, ["small"]
     rows, peers = [], []
     if args.peer_command:
         peers.append(run_peer(args.peer_command))

@@ -4,6 +4,7 @@ fixed batch, the two-mode toy task, and one-line errors."""
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -135,7 +136,7 @@ def reference_unet_params(action_dim, cond_dim, dims=(256, 512, 1024), embed=256
 
 
 def test_unet_full_size_shape_and_parameter_count_match_the_reference():
-    net = diffusion.ConditionalUnet1D()
+    net = diffusion.ConditionalUnet1D(action_dim=3)
     x, t, cond = jnp.zeros((2, 16, 3)), jnp.zeros((2,), jnp.int32), jnp.zeros((2, 2 * 11))
     params = jax.eval_shape(net.init, jax.random.PRNGKey(0), x, t, cond)
     count = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
@@ -286,3 +287,38 @@ def test_a_dataset_of_another_env_or_without_actions_is_refused(tmp_path):
         del f["actions"]
     with pytest.raises(ConfigError, match=r"lacks \['actions'\]"):
         algo.build(load("configs/diffusion.py:tiny", {"dataset": path}))
+
+
+def test_plan_with_all_steps_conditions_at_once_equals_the_unet_called_per_step():
+    """``plan`` computes every step's FiLM before the scan (``conditions``) and runs only the
+    ``trunk`` per step: the same chunk as calling the whole U-Net at each step."""
+    h = dp.Hyper.from_config(dp.config_block(down_dims=(16, 32), step_embed_dim=8,
+                                             sampler="ddim", inference_steps=5), 3, 2, 10)
+    rng = np.random.default_rng(0)
+    obs, action = rng.normal(size=(50, 3)), rng.uniform(-1, 1, (50, 2))
+    learner = dp.init_learner(h, jax.random.PRNGKey(0), obs, action)
+    history = jnp.asarray(rng.normal(size=(4, h.n_obs_steps, 3)), jnp.float32)
+    key = jax.random.PRNGKey(1)
+    got = dp.plan(h, learner.ema_params, learner.obs_norm, learner.action_norm, history, key)
+    net, cond = dp.network(h), dp.condition(h, learner.obs_norm, history)
+    want = diffusion.sample(
+        lambda x, t: net.apply(learner.ema_params, x, jnp.full((4,), t), cond),
+        diffusion.squaredcos_cap_v2(h.train_steps), (4, h.horizon, 2), key, sampler="ddim",
+        num_inference=5)
+    np.testing.assert_allclose(got, learner.action_norm.inverse(want), atol=1e-5)
+
+
+def test_group_norm_matches_flax_and_the_definition():
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 7, 16)) * 3.0 + 1.0
+    ours = diffusion.GroupNorm(4)
+    params = ours.init(jax.random.PRNGKey(1), x)
+    params = jax.tree.map(lambda p: p + jax.random.uniform(jax.random.PRNGKey(2), p.shape),
+                          params)
+    got = ours.apply(params, x)
+    flax_norm = nn.GroupNorm(num_groups=4, epsilon=1e-5)
+    np.testing.assert_allclose(got, flax_norm.apply(params, x), atol=1e-5)
+    g = np.asarray(x).reshape(3, 7, 4, 4)  # by hand: statistics per example and group
+    mean, var = g.mean(axis=(1, 3), keepdims=True), g.var(axis=(1, 3), keepdims=True)
+    want = ((g - mean) / np.sqrt(var + 1e-5)).reshape(3, 7, 16)
+    want = want * np.asarray(params["params"]["scale"]) + np.asarray(params["params"]["bias"])
+    np.testing.assert_allclose(got, want, atol=1e-5)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from peer_timing import timed
 
-SIZES = {"full": ([256, 512, 1024], 256), "pendulum": ([64, 128, 256], 64)}
+SIZES = {"full": ([256, 512, 1024], 256), "small": ([64, 128, 256], 64)}
 
 
 def run_size(size, args, ConditionalUnet1D, DDPMScheduler, DDIMScheduler):  # noqa: N803
@@ -83,7 +83,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--src", default=os.environ.get("DIFFUSION_POLICY_SRC", ""))
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--sizes", default="full,pendulum")
+    ap.add_argument("--sizes", default="full,small")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--obs-dim", type=int, default=20)

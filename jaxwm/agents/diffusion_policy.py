@@ -188,8 +188,8 @@ class Learner:
 
 def network(h: Hyper):
     if h.model == "unet":
-        return diffusion.ConditionalUnet1D(tuple(h.down_dims), h.step_embed_dim, h.kernel_size,
-                                           h.groups)
+        return diffusion.ConditionalUnet1D(h.action_dim, tuple(h.down_dims), h.step_embed_dim,
+                                           h.kernel_size, h.groups)
     return diffusion.MLPChunk(h.horizon, h.action_dim, tuple(h.mlp_hidden))
 
 
@@ -283,10 +283,14 @@ def plan(h: Hyper, params, obs_norm: Normalizer, action_norm: Normalizer, obs_hi
         chunk = net.apply(params, cond)
     else:
         schedule = diffusion.squaredcos_cap_v2(h.train_steps)
+        steps = diffusion.timesteps(h.train_steps, h.inference_steps, h.sampler)
+        # Every step's FiLM at once ([steps, n, 2 * width] per block): one batched product.
+        films = net.apply(params, jnp.broadcast_to(steps[:, None], (steps.shape[0], n)), cond,
+                          method=net.conditions)
         chunk = diffusion.sample(
-            lambda x, t: net.apply(params, x, jnp.full((n,), t), cond), schedule,
+            lambda x, t, film: net.apply(params, x, film, method=net.trunk), schedule,
             (n, h.horizon, h.action_dim), key, sampler=h.sampler,
-            num_inference=h.inference_steps, eta=h.eta, clip=h.clip_sample)
+            num_inference=h.inference_steps, eta=h.eta, clip=h.clip_sample, per_step=films)
     return action_norm.inverse(chunk)
 
 

@@ -36,6 +36,7 @@ stride-2 Conv1d down and ConvTranspose1d up, skip connections. Its convolutions 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -129,17 +130,20 @@ def timesteps(num_train: int, num_inference: int, sampler: str) -> jax.Array:
 
 def sample(denoise, schedule: Schedule, shape: Sequence[int], key: jax.Array, *,
            sampler: str = "ddpm", num_inference: int = 100, eta: float = 0.0,
-           clip: bool = True) -> jax.Array:
+           clip: bool = True, per_step=None) -> jax.Array:
     """``x_0`` from Gaussian noise through the reverse process, one ``lax.scan``.
-    ``denoise(x_t, t) -> eps`` (``t`` a scalar step broadcast over the batch)."""
+    ``denoise(x_t, t) -> eps`` (``t`` a scalar step broadcast over the batch), or
+    ``denoise(x_t, t, per_step[i])`` with ``per_step`` a pytree of what the caller computed
+    for all of ``timesteps(...)`` at once (leading axis: the step; e.g. the U-Net's
+    ``conditions``)."""
     steps = timesteps(schedule.num_steps, num_inference, sampler)
     stride = schedule.num_steps // num_inference if sampler == "ddim" else 1
     k_init, k_steps = jax.random.split(key)
     x = jax.random.normal(k_init, tuple(shape))
 
     def body(x, inputs):
-        t, k = inputs
-        eps = denoise(x, t)
+        t, k, extra = inputs
+        eps = denoise(x, t) if per_step is None else denoise(x, t, extra)
         noise = jax.random.normal(k, x.shape)
         if sampler == "ddpm":
             x = ddpm_step(schedule, x, eps, t, noise, clip)
@@ -147,7 +151,7 @@ def sample(denoise, schedule: Schedule, shape: Sequence[int], key: jax.Array, *,
             x = ddim_step(schedule, x, eps, t, t - stride, noise, eta, clip)
         return x, None
 
-    x, _ = jax.lax.scan(body, x, (steps, jax.random.split(k_steps, steps.shape[0])))
+    x, _ = jax.lax.scan(body, x, (steps, jax.random.split(k_steps, steps.shape[0]), per_step))
     return x
 
 
@@ -170,6 +174,29 @@ def mish(x):
     return x * jnp.tanh(jax.nn.softplus(x))
 
 
+class GroupNorm(nn.Module):
+    """GroupNorm (Wu & He 2018; PyTorch's ``nn.GroupNorm``) over ``[B, ..., C]``: per example
+    and group of ``C / groups`` channels, ``(x - mean) / sqrt(var + eps)``, then a per-channel
+    scale and bias. As ``flax.linen.GroupNorm`` (variance as E[x^2] - E[x]^2), but both moments
+    come from one reduction where flax's makes two: at batch 1 (sampling) the activations are
+    a few kilobytes and the U-Net's time is in the number of kernels, not their arithmetic."""
+
+    groups: int
+    epsilon: float = 1e-5
+
+    @nn.compact
+    def __call__(self, x):
+        channels = x.shape[-1]
+        scale = self.param("scale", nn.initializers.ones, (channels,))
+        bias = self.param("bias", nn.initializers.zeros, (channels,))
+        grouped = x.reshape(x.shape[:-1] + (self.groups, channels // self.groups))
+        axes = tuple(range(1, x.ndim - 1)) + (x.ndim,)  # all but the batch and the group
+        mean, mean_sq = jnp.mean(jnp.stack([grouped, grouped * grouped]),
+                                 axis=tuple(a + 1 for a in axes), keepdims=True)
+        inv = jax.lax.rsqrt(jnp.maximum(mean_sq - mean * mean, 0.0) + self.epsilon)
+        return ((grouped - mean) * inv).reshape(x.shape) * scale + bias
+
+
 class Conv1dBlock(nn.Module):
     """Conv1d (same padding) -> GroupNorm -> Mish, channels last ``[B, T, C]``."""
 
@@ -180,21 +207,22 @@ class Conv1dBlock(nn.Module):
     @nn.compact
     def __call__(self, x):
         x = Conv1D(self.features, self.kernel_size, padding=self.kernel_size // 2)(x)
-        return mish(nn.GroupNorm(num_groups=self.groups, epsilon=1e-5)(x))
+        return mish(GroupNorm(self.groups)(x))
 
 
 class ConditionalResidualBlock1D(nn.Module):
-    """Two ``Conv1dBlock``s with FiLM between them, and a 1x1 residual where widths differ."""
+    """Two ``Conv1dBlock``s with FiLM between them, and a 1x1 residual where widths differ.
+    ``film [B, 2 * features]`` is the block's (scale, bias), computed by the U-Net's
+    ``conditions`` (it does not depend on ``x``)."""
 
     features: int
     kernel_size: int
     groups: int
 
     @nn.compact
-    def __call__(self, x, cond):
+    def __call__(self, x, film):
         out = Conv1dBlock(self.features, self.kernel_size, self.groups)(x)
-        film = Dense(2 * self.features)(mish(cond))[:, None, :]
-        scale, bias = jnp.split(film, 2, axis=-1)
+        scale, bias = jnp.split(film[..., None, :], 2, axis=-1)
         out = scale * out + bias
         out = Conv1dBlock(self.features, self.kernel_size, self.groups)(out)
         residual = x if x.shape[-1] == self.features else Conv1D(self.features, 1)(x)
@@ -202,40 +230,77 @@ class ConditionalResidualBlock1D(nn.Module):
 
 
 class ConditionalUnet1D(nn.Module):
-    """``eps_theta(x_t [B, H, A], t [B], cond [B, D]) -> [B, H, A]`` (module docstring)."""
+    """``eps_theta(x_t [B, H, A], t [B], cond [B, D]) -> [B, H, A]`` (module docstring).
 
+    Split in two for sampling: ``conditions(t, cond)`` is everything that does not depend on
+    ``x_t`` (the step embedding's MLP and every block's FiLM), ``trunk(x_t, films)`` the rest.
+    ``diffusion_policy.plan`` computes the conditions of all its sampling steps at once (one
+    batched product instead of a matrix-vector product per step) and hands them to ``sample``
+    as ``per_step``. The FiLM layers of all blocks are one Dense
+    (the reference's per-block ``cond_encoder`` Linear layers side by side: the same
+    parameters, one product instead of one per block).
+    """
+
+    action_dim: int
     down_dims: Sequence[int] = (256, 512, 1024)
     step_embed_dim: int = 256
     kernel_size: int = 5
     groups: int = 8
 
-    @nn.compact
-    def __call__(self, x, t, cond):
-        chex.assert_rank(x, 3)
-        action_dim = x.shape[-1]
+    def block_widths(self) -> list[int]:
+        """The residual blocks' widths in call order: down levels, middle, up levels."""
+        dims = list(self.down_dims)
+        return [w for w in dims for _ in range(2)] + [dims[-1]] * 2 + \
+            [w for w in reversed(dims[:-1]) for _ in range(2)]
+
+    def setup(self):
         d = self.step_embed_dim
-        step = Dense(d)(mish(Dense(4 * d)(sinusoidal_embedding(t, d))))
-        cond = jnp.concatenate([step, cond], axis=-1)
+        self.step_hidden, self.step_out = Dense(4 * d), Dense(d)
+        widths = self.block_widths()
+        self.film = Dense(2 * sum(widths))
         block = dict(kernel_size=self.kernel_size, groups=self.groups)
-        skips = []
-        for i, width in enumerate(self.down_dims):
-            x = ConditionalResidualBlock1D(width, **block)(x, cond)
-            x = ConditionalResidualBlock1D(width, **block)(x, cond)
-            skips.append(x)
-            if i < len(self.down_dims) - 1:  # Downsample1d: Conv1d(k3, s2, p1)
-                x = Conv1D(width, 3, stride=2, padding=1)(x)
-        for _ in range(2):
-            x = ConditionalResidualBlock1D(self.down_dims[-1], **block)(x, cond)
-        # Up the same levels but the first; as the reference, the first level's skip is unused.
-        for i, width in enumerate(reversed(self.down_dims[:-1])):
-            x = jnp.concatenate([x, skips[-1 - i]], axis=-1)
-            x = ConditionalResidualBlock1D(width, **block)(x, cond)
-            x = ConditionalResidualBlock1D(width, **block)(x, cond)
-            x = Conv1D(width, 4, stride=2, padding=1, transpose=True)(x)  # Upsample1d
+        self.blocks = [ConditionalResidualBlock1D(w, **block) for w in widths]
+        self.downsample = [Conv1D(w, 3, stride=2, padding=1) for w in self.down_dims[:-1]]
+        self.upsample = [Conv1D(w, 4, stride=2, padding=1, transpose=True)
+                         for w in reversed(self.down_dims[:-1])]
         # The reference builds this block with Conv1dBlock's default of 8 groups, whatever
         # n_groups is (``check`` asks down_dims[0] to be a multiple of 8).
-        x = Conv1dBlock(self.down_dims[0], self.kernel_size, 8)(x)
-        return Conv1D(action_dim, 1)(x)
+        self.final_block = Conv1dBlock(self.down_dims[0], self.kernel_size, 8)
+        self.final_conv = Conv1D(self.action_dim, 1)
+
+    def conditions(self, t, cond):
+        """``t [...]``, ``cond [..., D]`` -> each block's FiLM ``[..., 2 * width]`` (a list)."""
+        step = self.step_out(mish(self.step_hidden(
+            sinusoidal_embedding(t, self.step_embed_dim))))
+        cond = jnp.broadcast_to(cond, step.shape[:-1] + cond.shape[-1:])
+        films = self.film(mish(jnp.concatenate([step, cond], axis=-1)))
+        cuts = list(itertools.accumulate(2 * w for w in self.block_widths()))[:-1]
+        return jnp.split(films, cuts, axis=-1)
+
+    def trunk(self, x, films):
+        """``x [B, H, A]`` and ``conditions``' FiLMs (leading shape ``[B]``) -> eps."""
+        chex.assert_rank(x, 3)
+        chex.assert_axis_dimension(x, 2, self.action_dim)
+        blocks, films = iter(self.blocks), iter(films)
+        skips = []
+        for i in range(len(self.down_dims)):
+            x = next(blocks)(x, next(films))
+            x = next(blocks)(x, next(films))
+            skips.append(x)
+            if i < len(self.down_dims) - 1:  # Downsample1d: Conv1d(k3, s2, p1)
+                x = self.downsample[i](x)
+        for _ in range(2):
+            x = next(blocks)(x, next(films))
+        # Up the same levels but the first; as the reference, the first level's skip is unused.
+        for i, up in enumerate(self.upsample):
+            x = jnp.concatenate([x, skips[-1 - i]], axis=-1)
+            x = next(blocks)(x, next(films))
+            x = next(blocks)(x, next(films))
+            x = up(x)  # Upsample1d: ConvTranspose1d(k4, s2, p1)
+        return self.final_conv(self.final_block(x))
+
+    def __call__(self, x, t, cond):
+        return self.trunk(x, self.conditions(t, cond))
 
 
 class MLPChunk(nn.Module):

@@ -219,29 +219,35 @@ def conv1d(x: jax.Array, w: jax.Array, stride: int = 1, padding: int = 0) -> jax
     chunks) have lengths of 4 to 16 and up to 1024 channels, where XLA:CPU's convolution runs
     an order of magnitude below the same arithmetic as a matmul (benchmarks/README.md,
     "Diffusion Policy": one measurement); a matmul also stays fast in any loop form and
-    under autodiff. The windows are static strided slices: K copies of a small activation.
+    under autodiff. The windows are static strided slices, K copies of a small activation,
+    laid side by side tap-major (``[B, L', K * C]``) so that the product's right operand is
+    ``w`` itself reshaped (no copy): with the windows stacked on an axis of their own, XLA
+    chose to transpose the weights instead, on every call (inside a sampler's scan, every
+    step's largest cost at batch 1).
     """
-    k = w.shape[0]
+    k, c, f = w.shape
     if padding:
         x = jnp.pad(x, ((0, 0), (padding, padding), (0, 0)))
     length = (x.shape[1] - k) // stride + 1
     span = stride * (length - 1) + 1
-    windows = jnp.stack([x[:, i:i + span:stride] for i in range(k)], axis=2)  # [B, L', K, C]
-    return jnp.einsum("blkc,kcf->blf", windows, w)
+    windows = jnp.concatenate([x[:, i:i + span:stride] for i in range(k)], axis=-1)
+    return windows @ w.reshape(k * c, f)
 
 
 def conv_transpose1d(x: jax.Array, w: jax.Array, stride: int, padding: int = 0) -> jax.Array:
     """PyTorch's ``ConvTranspose1d`` on ``x [B, L, C]`` with ``w [K, C, F]``: input step m
     adds ``x[m] @ w[k]`` to output step ``stride * m + k - padding`` (length
-    ``(L - 1) * stride - 2 * padding + K``). One matmul; tap k's rows are spread ``stride``
-    apart and shifted by k with pads and reshapes (no scatter), then summed."""
+    ``(L - 1) * stride - 2 * padding + K``). One matmul per tap (``w[k]`` as stored: one
+    product over all taps would need ``w`` transposed to ``[C, K * F]``, a copy per call);
+    tap k's rows are spread ``stride`` apart and shifted by k with pads and reshapes (no
+    scatter), then summed."""
     k = w.shape[0]
     b, length = x.shape[:2]
-    taps = jnp.einsum("bmc,kcf->kbmf", x, w)
     full = (length - 1) * stride + k
     out = 0.0
     for i in range(k):
-        spread = jnp.pad(taps[i][:, :, None], ((0, 0), (0, 0), (0, stride - 1), (0, 0)))
+        tap = x @ w[i]  # [B, L, F]
+        spread = jnp.pad(tap[:, :, None], ((0, 0), (0, 0), (0, stride - 1), (0, 0)))
         spread = spread.reshape(b, length * stride, -1)[:, :full - i]
         out = out + jnp.pad(spread, ((0, 0), (i, full - i - spread.shape[1]), (0, 0)))
     return out[:, padding:full - padding]
