@@ -179,7 +179,7 @@ class GroupNorm(nn.Module):
     and group of ``C / groups`` channels, ``(x - mean) / sqrt(var + eps)``, then a per-channel
     scale and bias. As ``flax.linen.GroupNorm`` (variance as E[x^2] - E[x]^2), but both moments
     come from one reduction where flax's makes two: at batch 1 (sampling) the activations are
-    a few kilobytes and the U-Net's time is in the number of kernels, not their arithmetic."""
+    a few kilobytes, and a reduction costs its launch more than its arithmetic."""
 
     groups: int
     epsilon: float = 1e-5
