@@ -217,6 +217,29 @@ def run_peer(command: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def between_peer_runs(command: str, measure: Callable[[], list[dict]]):
+    """``(rows, peers)``: ``measure()``'s rows, with the peer ``command`` (when given) run once
+    before and once after them, so both sides see the host in the same state."""
+    peers = [run_peer(command)] if command else []
+    rows = measure()
+    if command:
+        peers.append(run_peer(command))
+    return rows, peers
+
+
+def attach_peer(rows: list[dict], peers: list[dict],
+                peer_seconds: Callable[[dict, dict], float | None]) -> None:
+    """Adds ``peer_s`` (the median over ``peers`` of ``peer_seconds(row, peer)``, None where
+    the peer has no such row), ``speedup`` and ``peer_matmul_share`` (the row's matmul time
+    alone over the peer's time: the same products) to each row the peer measured."""
+    for r in rows:
+        samples = [s for s in (peer_seconds(r, p) for p in peers) if s is not None]
+        if samples:
+            r["peer_s"] = median(samples)
+            r["speedup"] = r["peer_s"] / r["s_per_call"]
+            r["peer_matmul_share"] = r["matmul_alone_s"] / r["peer_s"]
+
+
 # ----------------------------------------------------------------------------- matmuls
 
 

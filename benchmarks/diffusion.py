@@ -35,12 +35,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from common import (
+    attach_peer,
+    between_peer_runs,
     hardware,
-    median,
     parser,
     peak_memory,
     program_row,
-    run_peer,
     write_results,
 )
 
@@ -103,13 +103,8 @@ def main() -> None:
     sizes = args.sizes.split(",")
     if args.quick:
         args.repeats, sizes = 1, ["small"]
-    rows, peers = [], []
-    if args.peer_command:
-        peers.append(run_peer(args.peer_command))
-    for size in sizes:
-        rows += measure(size, args.repeats)
-    if args.peer_command:
-        peers.append(run_peer(args.peer_command))
+    rows, peers = between_peer_runs(
+        args.peer_command, lambda: [r for size in sizes for r in measure(size, args.repeats)])
     notes = [f"Push-T low-dimensional shapes ({OBS_DIM} observations, {ACTION_DIM} actions), "
              f"horizon 16, 2 observation steps; median of {args.repeats} calls; compile_s: "
              "the first call.",
@@ -120,13 +115,8 @@ def main() -> None:
                      f"{peers[0].get('diffusers')} (PyTorch {peers[0].get('torch')}, "
                      f"{peers[0].get('threads')} thread(s)), {len(peers)} runs, one before and "
                      "one after jaxwm's.")
-        for r in rows:
-            samples = [p["sizes"][r["size"]][PEER_KEYS[r["what"]]] for p in peers
-                       if r["size"] in p.get("sizes", {})]
-            if samples:
-                r["peer_s"] = median(samples)
-                r["speedup"] = r["peer_s"] / r["s_per_call"]
-                r["peer_matmul_share"] = r["matmul_alone_s"] / r["peer_s"]
+        attach_peer(rows, peers, lambda r, p: p.get("sizes", {}).get(r["size"], {}).get(
+            PEER_KEYS[r["what"]]))
     columns = ["size", "what", "s_per_call", "per_s", "peer_s", "speedup", "matmul_gflop",
                "gflops", "matmul_share", "peer_matmul_share", "compile_s", "peak_mib"]
     write_results("diffusion", rows, hardware(), notes, columns=columns, quick=args.quick)

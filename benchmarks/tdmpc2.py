@@ -33,12 +33,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from common import (
+    attach_peer,
+    between_peer_runs,
     hardware,
-    median,
     parser,
     peak_memory,
     program_row,
-    run_peer,
     write_results,
 )
 
@@ -99,13 +99,8 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.quick:
         args.repeats, sizes = 1, [1]
-    rows, peers = [], []
-    if args.peer_command:
-        peers.append(run_peer(args.peer_command))
-    for size in sizes:
-        rows += measure(size, args.repeats)
-    if args.peer_command:
-        peers.append(run_peer(args.peer_command))
+    rows, peers = between_peer_runs(
+        args.peer_command, lambda: [r for size in sizes for r in measure(size, args.repeats)])
     notes = [
         f"update: batch {BATCH}, horizon 3, one update per call; plan: 6 MPPI iterations of 512 "
         "samples (24 from the policy prior), 64 elites; median of "
@@ -122,16 +117,13 @@ def main() -> None:
         notes.append(f"Peer: nicklashansen/tdmpc2 (PyTorch {peers[0].get('torch')}, "
                      f"{where}, compile={peers[0].get('compile')}), "
                      f"{len(peers)} runs, one before and one after jaxwm's.")
-        for r in rows:
-            key = {"update": "update_s", "plan x1": "plan_s"}.get(r["what"])
-            size = r["size"][:-1]
-            samples = [p["sizes"][size][key] for p in peers
-                       if key and size in p.get("sizes", {})]
-            if samples:
-                peer_s = median(samples)
-                r["peer_s"] = peer_s
-                r["speedup"] = peer_s / r["s_per_call"]
-                r["peer_matmul_share"] = r["matmul_alone_s"] / peer_s
+        keys = {"update": "update_s", "plan x1": "plan_s"}  # the peer plans for one env
+
+        def peer_seconds(r, p):
+            size = p.get("sizes", {}).get(r["size"][:-1], {})  # "5M" -> "5"
+            return size.get(keys[r["what"]]) if r["what"] in keys else None
+
+        attach_peer(rows, peers, peer_seconds)
     columns = ["size", "what", "s_per_call", "updates_per_s", "env_steps_per_s", "peer_s",
                "speedup", "matmul_gflop", "gflops", "matmul_share", "peer_matmul_share",
                "compile_s", "peak_mib"]
