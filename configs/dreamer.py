@@ -21,7 +21,7 @@ train_ratio 256, 1.1M steps, no action repeat.
 Differences, on purpose: ``prefill`` steps of random actions before the first update (the
 official agent acts with its untrained actor from the start and trains as soon as a batch
 exists; prefill = batch_length is the nearest); sequences start from a zero model state
-(the official ``replay_context: 1`` replays a stored one); no replayed-value loss (``repval``);
+(the official ``replay_context: 1`` replays a stored one);
 ``report_every`` counts updates (the official ``report_every`` counts seconds); the replay
 holds ``capacity`` transitions over all envs (the official ``replay.size``, 5e6), sized here
 to hold each variant's whole run; ``debug`` shrinks the widths (deter 16, hidden 8, classes 4,
@@ -58,7 +58,15 @@ def dreamer_block(**overrides) -> ml_collections.ConfigDict:
     d.gamma = 1.0 - 1.0 / 333
     d.lambda_ = 0.95
     d.entropy = 3e-4
-    d.unimix = 0.01
+    d.unimix = 0.01  # the world model's latents
+    # The actor's categorical: the official code mixes in none (its categorical policy head
+    # ignores unimix); the paper says 1%.
+    d.actor_unimix = 0.0
+    # Reward head and critic two-hot (jaxwm/ops/twohot.py): "symexp" bins in raw space as the
+    # official code, "symlog" as the paper.
+    d.twohot = "symexp"
+    # The critic's loss on replayed states (official repval, scale 0.3; 0: off).
+    d.repval = 0.3
     d.min_std = 0.1
     d.max_std = 1.0
     d.slow_rate = 0.02

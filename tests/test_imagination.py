@@ -63,11 +63,14 @@ def _setup(discrete: bool, seed: int = 0, **hyper):
     """A tiny world model and actor-critic with random parameters, N start states (one of them
     terminal), and a return normaliser whose scale S ~ 3, so that dividing by it matters."""
     action_dim = 3 if discrete else 2
-    model = rssm.make((5,), action_dim, discrete, "1m", **TINY)
+    # Two-hot in symlog space: with random parameters, a raw-space critic puts mass on bins
+    # up to 5e8 and its values (sums of huge terms) differ by ~1e-4 relative between two
+    # fusions of the same sum, which the tight tolerances here would read as a wrong gradient.
+    model = rssm.make((5,), action_dim, discrete, "1m", twohot_space="symlog", **TINY)
     ac = imagination.ActorCritic(
         imagination.Actor(action_dim, discrete, UNITS, layers=1),
         imagination.critic(UNITS, layers=1),
-        imagination.ActorCriticHyper(horizon=HORIZON, **hyper))
+        imagination.ActorCriticHyper(horizon=HORIZON, twohot="symlog", **hyper))
     model_params = _random_params(lambda k: model.init(k, jnp.zeros((1, 5))), seed)
     params = _random_params(lambda k: ac.init(k, FEAT), seed + 1)
     slow_critic = _random_params(lambda k: ac.init(k, FEAT), seed + 2)["critic"]
@@ -94,7 +97,7 @@ def _library(s, ac_type=imagination.ActorCritic):
         def loss(params, model_params, starts, eta, retnorm):
             hyper = dataclasses.replace(s.ac.hyper, entropy=eta)
             ac = ac_type(s.ac.actor, s.ac.critic, hyper)
-            total, (metrics, _) = ac.loss(params, s.slow, s.model, model_params, starts,
+            total, (metrics, _, _) = ac.loss(params, s.slow, s.model, model_params, starts,
                                           s.start_cont, retnorm, s.key)
             return {"total": total, "actor": metrics["agent/actor_loss"],
                     "critic": metrics["agent/critic_loss"],
@@ -124,14 +127,13 @@ def _reference(s, actor_params):
     the scale S, the (stopped) features of the states acted in [N, H, F] and the actions
     taken there [N, H, A]."""
     h = s.ac.hyper
-    bins = imagination.twohot.bins(h.num_bins)
     states, actions = s.model.imagine(s.model_params, s.starts,
                                       s.ac.model_action(s.model, actor_params), h.horizon, s.key)
     feat = rssm.features(states)
     reward_logits, cont_logit = s.model.heads(s.model_params, feat)
-    reward = imagination.value(reward_logits, bins)[:, 1:]
+    reward = s.model.reward_head.predict(reward_logits)[:, 1:]
     cont = jnp.concatenate([s.start_cont[:, None], jax.nn.sigmoid(cont_logit[:, 1:])], 1)
-    values = imagination.value(s.ac.critic.apply(s.params["critic"], feat), bins)
+    values = h.value_head.predict(s.ac.critic.apply(s.params["critic"], feat))
     returns = jax.vmap(lambda r, v, c: lambda_return(r, v[1:], c[1:], v[-1], h.gamma,
                                                      h.lambda_))(reward, values, cont)
     weight = jnp.cumprod(h.gamma * cont, 1) / h.gamma
@@ -408,3 +410,49 @@ def test_dreamer_refuses_an_action_space_it_cannot_model(spec, message):
 def test_dreamer_accepts_discrete_actions_and_flat_boxes():
     dreamer.validate_env(None, _spec(True, (), num_actions=4))
     dreamer.validate_env(None, _spec(False, (6,)))
+
+
+def test_replay_returns_stop_at_episode_ends_hand_numbers():
+    """``replay_returns`` on one replayed sequence of T = 6 (gamma 0.5, lambda 0.5): states 0-2
+    of one episode, state 2 terminal, state 3 a reset, state 4 the last of a truncated
+    episode (5 is a reset). Returns bootstrap from each state's imagined return ``boot``,
+    never cross into the next episode, and the terminal cuts the bootstrap."""
+    reward = jnp.array([0.0, 1.0, 2.0, 0.0, 3.0, 0.0])
+    is_terminal = jnp.array([False, False, True, False, False, False])
+    is_first = jnp.array([True, False, False, True, False, True])
+    boot = jnp.array([10.0, 20.0, 30.0, 40.0, 50.0, 60.0])
+    got = imagination.replay_returns(reward, is_terminal, is_first, boot, 0.5, 0.5)
+    r4 = 0.0 + 0.5 * 60.0  # state 4 -> reset 5: weight 0 in the loss
+    r3 = 3.0 + 0.5 * 50.0  # state 4 is its episode's last: lambda 0, its own imagined return
+    r2 = 0.0 + 0.5 * (0.5 * 40.0 + 0.5 * r3)  # state 2 -> reset 3: weight 0 in the loss
+    r1 = 2.0  # reaches the terminal state 2: no bootstrap
+    r0 = 1.0 + 0.5 * (0.5 * 20.0 + 0.5 * r1)
+    np.testing.assert_allclose(got, [r0, r1, r2, r3, r4], rtol=1e-6)
+
+
+def test_replay_value_loss_trains_the_critic_and_the_features_only_where_states_continue():
+    """The replay value loss reaches the critic and the posterior features (official
+    repval_grad), not the slow critic, and a state whose next one is a reset adds nothing."""
+    critic = imagination.critic(UNITS, num_bins=15)
+    ac = imagination.ActorCritic(imagination.Actor(2, True, UNITS), critic,
+                                 imagination.ActorCriticHyper(num_bins=15))
+    feat = jax.random.normal(jax.random.key(0), (2, 5, FEAT))
+    params = _random_params(lambda k: critic.init(k, feat), 1)
+    slow = _random_params(lambda k: critic.init(k, feat), 2)
+    batch = {"reward": jnp.ones((2, 5)), "is_terminal": jnp.zeros((2, 5), bool),
+             "is_first": jnp.zeros((2, 5), bool).at[1, 3].set(True)}
+    boot = jnp.full((2, 5), 5.0)
+
+    def loss(params, slow, feat):
+        return ac.replay_value_loss(params, slow, feat, batch, boot)[0]
+
+    g_params, g_slow, g_feat = jax.grad(loss, argnums=(0, 1, 2))(params, slow, feat)
+    assert sum_of_squares(g_params) > 0 and sum_of_squares(g_slow) == 0
+    g_feat = np.abs(np.asarray(g_feat)).sum(-1)
+    assert g_feat[1, 2] == 0  # state 2 of sequence 1 ends its episode: weight 0
+    assert np.all(g_feat[:, 4] == 0)  # the last state has no return in the sequence
+    assert np.all(g_feat[0, :4] > 0)
+
+
+def sum_of_squares(tree):
+    return float(sum(jnp.sum(x ** 2) for x in jax.tree.leaves(tree)))

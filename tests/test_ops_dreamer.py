@@ -91,6 +91,51 @@ class TwoHotTest(chex.TestCase):
         self.assertEqual(float(g_target), 0.0)
 
 
+class RegressionTest(chex.TestCase):
+    """``twohot.Regression``: the official code's raw-space bins beside the paper's."""
+
+    def test_symexp_bins_are_mirrored_symexp_of_evenly_spaced_values(self):
+        for k in (255, 6):
+            b = np.asarray(twohot.symexp_bins(k))
+            self.assertEqual(b.shape, (k,))
+            np.testing.assert_array_equal(b, -b[::-1])  # exactly symmetric
+            self.assertTrue(np.all(np.diff(b) > 0))
+        b = np.asarray(twohot.symexp_bins(255))
+        self.assertEqual(b[127], 0.0)
+        np.testing.assert_allclose(b[-1], math.expm1(20.0), rtol=1e-6)
+        np.testing.assert_allclose(b[128], math.expm1(20.0 / 127), rtol=1e-5)
+
+    def test_prediction_in_each_space_for_a_two_way_split(self):
+        """Probability 1/2 on the bins nearest 10 and 90: raw space predicts their mean,
+        symlog space the symexp of the mean symlog, sqrt(11 x 91) - 1 = 30.64."""
+        for space, expected in (("symexp", 50.0), ("symlog", math.sqrt(11 * 91) - 1)):
+            head = twohot.Regression(space)
+            b = np.asarray(head.bins())
+            targets = (10.0, 90.0) if space == "symexp" else (math.log(11), math.log(91))
+            near = [int(np.argmin(np.abs(b - t))) for t in targets]
+            logits = jnp.full(255, -1e9).at[jnp.array(near)].set(0.0)
+            at_bins = b[near] if space == "symexp" else np.expm1(b[near])
+            # the bins nearest the targets, not the targets: compare with their own numbers
+            want = at_bins.mean() if space == "symexp" else math.expm1(b[near].mean())
+            np.testing.assert_allclose(head.predict(logits), want, rtol=1e-4)
+            np.testing.assert_allclose(want, expected, rtol=0.1)
+
+    def test_loss_is_minimal_at_the_two_hot_of_the_target(self):
+        for space in twohot.SPACES:
+            head = twohot.Regression(space)
+            y = jnp.array([-57.0, 0.3, 10.0, 480.0])
+            w = twohot.encode(y if space == "symexp" else twohot.symlog(y), head.bins())
+            logits = jnp.log(w + 1e-12)
+            np.testing.assert_allclose(head.predict(logits), y, rtol=1e-4)
+            # cross-entropy at the target's own two-hot is its entropy, below any other
+            other = jnp.roll(logits, 3, axis=-1)
+            self.assertTrue(bool(jnp.all(head.loss(logits, y) < head.loss(other, y))))
+
+    def test_unknown_space_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "symlog"):
+            twohot.Regression("raw")
+
+
 def python_lambda_return(rewards, values, continues, bootstrap, gamma, lam):
     returns = np.zeros(len(rewards))
     next_ret = bootstrap

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxwm.ops.returns import gae
+from jaxwm.ops.returns import gae, lambda_return
 
 
 def python_gae(rewards, values, next_values, terminated, truncated, gamma, lam):
@@ -65,3 +65,17 @@ class GaeTest(chex.TestCase):
         adv, ret = jax.jit(gae, static_argnums=(5, 6))(*map(jnp.asarray, args), 0.99, 0.95)
         np.testing.assert_allclose(adv, expected, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(ret, expected + args[1], rtol=1e-4, atol=1e-5)
+
+
+def test_lambda_return_takes_a_lambda_per_step():
+    """lambda_ [H]: step t mixes with its own lambda; 0 stops the recursion at the one-step
+    target (hand-computed, H = 3, gamma 0.5)."""
+    r, v, c = jnp.array([1.0, 2.0, 3.0]), jnp.array([10.0, 20.0, 30.0]), jnp.ones(3)
+    got = lambda_return(r, v, c, jnp.float32(40.0), 0.5, jnp.array([0.5, 0.0, 1.0]))
+    r2 = 3.0 + 0.5 * 40.0  # lambda 1: the bootstrap
+    r1 = 2.0 + 0.5 * 20.0  # lambda 0: its own value, R_2 ignored
+    r0 = 1.0 + 0.5 * (0.5 * 10.0 + 0.5 * r1)
+    np.testing.assert_allclose(got, [r0, r1, r2], rtol=1e-6)
+    np.testing.assert_allclose(lambda_return(r, v, c, jnp.float32(40.0), 0.5, 0.7),
+                               lambda_return(r, v, c, jnp.float32(40.0), 0.5, jnp.full(3, 0.7)),
+                               rtol=1e-6)

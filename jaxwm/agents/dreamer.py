@@ -9,7 +9,8 @@ from an env spec and a ``config.dreamer`` block; ``init``, ``policy``, ``make_up
   stores them in the model's units again (``model_action``).
 * ``make_update``: one training step as the official agent's ``train``: the world model's loss
   on a ``[batch, length]`` sequence batch, imagination from every posterior state and the
-  actor-critic's losses (``agents.imagination``), one optimiser over all of it
+  actor-critic's losses (``agents.imagination``), the critic's replay value loss on the
+  posterior states (into the world model too), one optimiser over all of it
   (``agents.optim.dreamer_optimizer``: AGC -> RMS -> momentum), then the slow critic's EMA.
 * ``report``: open-loop predictions on replayed sequences (``rssm.open_loop``).
 """
@@ -99,11 +100,20 @@ class DreamerAgent:
         model_loss, (metrics, post) = self.world_model.loss(params["model"], batch, k_model)
         flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
         start_cont = 1.0 - flat(batch["is_terminal"]).astype(jnp.float32)
-        ac_loss, (ac_metrics, retnorm) = self.actor_critic.loss(
+        ac_loss, (ac_metrics, retnorm, start_returns) = self.actor_critic.loss(
             {"actor": params["actor"], "critic": params["critic"]}, slow_critic,
             self.world_model, params["model"], jax.tree.map(flat, post), start_cont, retnorm,
             k_ac)
-        return model_loss + ac_loss, ({**metrics, **ac_metrics}, retnorm)
+        loss, metrics = model_loss + ac_loss, {**metrics, **ac_metrics}
+        repval = self.actor_critic.hyper.repval
+        if repval:
+            repval_loss, target = self.actor_critic.replay_value_loss(
+                params["critic"], slow_critic, rssm.features(post), batch,
+                start_returns.reshape(batch["reward"].shape))
+            loss += repval * repval_loss
+            metrics.update({"agent/replay_value_loss": repval_loss,
+                            "agent/replay_return": target})
+        return loss, (metrics, retnorm)
 
     def make_update(self, mesh=None):
         """``update(learner, batch, key) -> (learner, metrics)``: one training step on a
@@ -144,11 +154,12 @@ def make(spec, d) -> DreamerAgent:
     dtype = jnp.dtype(d.compute_dtype)
     world_model = rssm.make(spec.obs_shape, action_dim, spec.discrete, d.model_size,
                             num_bins=d.num_bins, unimix=d.unimix, dtype=dtype,
+                            twohot_space=d.twohot,
                             **dict(d.size_overrides))
     sizes = {**rssm.SIZES[d.model_size], **dict(d.size_overrides)}
     hyper = imagination.ActorCriticHyper.from_config(d)
     actor_critic = imagination.ActorCritic(
-        imagination.Actor(action_dim, spec.discrete, sizes["units"], unimix=hyper.unimix,
+        imagination.Actor(action_dim, spec.discrete, sizes["units"], unimix=hyper.actor_unimix,
                           min_std=hyper.min_std, max_std=hyper.max_std, dtype=dtype),
         imagination.critic(sizes["units"], num_bins=hyper.num_bins, dtype=dtype), hyper)
     low = high = None

@@ -9,9 +9,10 @@ model imagines H = 15 steps under the actor (``WorldModel.imagine``). Then:
   (the start's continue flag is the data's); the discount is gamma = 1 - 1/333;
 * lambda-returns R_t (eq. 7, ``ops.returns.lambda_return``, lambda 0.95) bootstrap from the
   critic's value of the last state;
-* the critic is a two-hot distribution over 255 symlog bins (zero-initialised output layer),
-  trained toward sg(R_t) plus a regulariser toward the slow critic's prediction (an EMA of
-  its parameters, rate 0.02, regulariser scale 1.0);
+* the critic is a two-hot distribution over 255 bins (zero-initialised output layer; bins
+  and prediction in raw space as the official code, or in symlog space as the paper:
+  ``ops.twohot.Regression``), trained toward sg(R_t) plus a regulariser toward the slow
+  critic's prediction (an EMA of its parameters, rate 0.02, regulariser scale 1.0);
 * returns are normalised by S = max(1, P95 - P5) of the batch's returns, an EMA with rate
   0.01 (eq. 11, ``ops.normalize.PercentileScale``), so small returns are not amplified;
 * actor loss (eq. 11): discrete actions use REINFORCE, -sg((R_t - v_t) / S) log pi(a_t),
@@ -21,8 +22,16 @@ model imagines H = 15 steps under the actor (``WorldModel.imagine``). Then:
 * every step is weighted by the imagined probability of still being in the episode,
   prod_{i<=t} gamma c_i / gamma (gradients stopped).
 
-The actor's categorical mixes in 1% uniform; continuous actions are a normal with
-mean tanh(mu) and std in [0.1, 1] (``bounded_normal``), in the env's [-1, 1] box.
+The critic also learns on the replayed states themselves (``replay_value_loss``, the
+official ``repl_loss``, scale 0.3; the paper does not describe it): lambda-returns of the real
+rewards and terminals, bootstrapped from the imagined return of each replayed state. Its
+gradients reach the world model, so the representation is shaped by real outcomes too, and
+the critic is tied to real episode ends where imagination alone rarely reaches them (a policy
+that balances CartPole leaves almost no terminal transitions in new data).
+
+The actor's categorical has no uniform mix by default (the official code's categorical policy
+head ignores ``unimix``; the paper says 1%: ``actor_unimix``); continuous actions are a normal
+with mean tanh(mu) and std in [0.1, 1] (``bounded_normal``), in the env's [-1, 1] box.
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ class ActorCriticHyper:
     gamma: float = 1.0 - 1.0 / 333
     lambda_: float = 0.95
     entropy: float = 3e-4
-    unimix: float = 0.01
+    actor_unimix: float = 0.0
     min_std: float = 0.1
     max_std: float = 1.0
     slow_rate: float = 0.02
@@ -53,6 +62,12 @@ class ActorCriticHyper:
     return_rate: float = 0.01
     return_limit: float = 1.0
     num_bins: int = 255
+    twohot: str = "symexp"  # the critic's two-hot space (ops.twohot.Regression)
+    repval: float = 0.3  # the replay value loss's scale (0: off)
+
+    @property
+    def value_head(self) -> twohot.Regression:
+        return twohot.Regression(self.twohot, self.num_bins)
 
     @classmethod
     def from_config(cls, c) -> ActorCriticHyper:
@@ -64,7 +79,7 @@ class Actor(nn.Module):
     discrete: bool
     units: int
     layers: int = 3
-    unimix: float = 0.01
+    unimix: float = 0.0
     min_std: float = 0.1
     max_std: float = 1.0
     dtype: jnp.dtype = jnp.float32  # compute dtype; the distribution's parameters are float32
@@ -72,12 +87,13 @@ class Actor(nn.Module):
     @nn.compact
     def __call__(self, feat):
         x = dense_block(feat, self.units, self.layers, "mlp", self.dtype)
-        # Small outputs (official outscale 0.01): the initial policy is near uniform / mean 0.
-        init = nn.initializers.variance_scaling(0.01, "fan_in", "truncated_normal")
+        # Small outputs (official outscale 0.01 on the std): the initial policy is near
+        # uniform / mean 0.
+        init = nn.initializers.variance_scaling(0.01 ** 2, "fan_in", "truncated_normal")
         if self.discrete:
             logits = nn.Dense(self.action_dim, kernel_init=init, dtype=self.dtype, name="out")(x)
             logits = logits.astype(jnp.float32)
-            return Categorical(unimix_logits(logits, self.unimix))
+            return Categorical(unimix_logits(logits, self.unimix) if self.unimix else logits)
         out = nn.Dense(2 * self.action_dim, kernel_init=init, dtype=self.dtype, name="out")(x)
         mean, std = jnp.split(out.astype(jnp.float32), 2, -1)
         return bounded_normal(mean, std, self.min_std, self.max_std)
@@ -92,11 +108,6 @@ def bounded_normal(mean, std, min_std: float, max_std: float) -> DiagGaussian:
 def critic(units: int, layers: int = 3, num_bins: int = 255, dtype=jnp.float32) -> MLP:
     """The two-hot critic: an MLP with a zero-initialised output layer (values start at 0)."""
     return MLP(units, layers, num_bins, out_init=nn.initializers.zeros, dtype=dtype)
-
-
-def value(logits, bins):
-    """The critic's (or reward head's) prediction: symexp of the expected bin."""
-    return twohot.symexp(twohot.decode(logits, bins))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +151,7 @@ class ActorCritic:
         """
         h = self.hyper
         sg = jax.lax.stop_gradient
-        bins = twohot.bins(h.num_bins)
+        value_head, reward_head = h.value_head, world_model.reward_head
         model_params, starts = sg(model_params), sg(starts)
         states, actions = world_model.imagine(
             model_params, starts, self.model_action(world_model, params["actor"]), h.horizon,
@@ -149,12 +160,12 @@ class ActorCritic:
         if world_model.net.discrete:  # REINFORCE: the trajectory itself carries no gradient
             feat, actions = sg(feat), sg(actions)
         reward_logits, cont_logit = world_model.heads(model_params, feat)
-        reward = value(reward_logits, bins)[:, 1:]
+        reward = reward_head.predict(reward_logits)[:, 1:]
         cont = jnp.concatenate([start_cont[:, None], jax.nn.sigmoid(cont_logit[:, 1:])], 1)
         critic_logits = self.critic.apply(params["critic"], sg(feat))
         # Values inside the returns see the trajectory (continuous actions: gradients reach
         # the actor through them) but never train the critic.
-        values = value(self.critic.apply(sg(params["critic"]), feat), bins)  # [N, H + 1]
+        values = value_head.predict(self.critic.apply(sg(params["critic"]), feat))  # [N, H + 1]
         returns = jax.vmap(lambda r, v, c, b: lambda_return(r, v, c, b, h.gamma, h.lambda_))(
             reward, values[:, 1:], cont[:, 1:], values[:, -1])  # [N, H]
         # The probability of still being in the episode at step t (a stopped weight).
@@ -172,16 +183,58 @@ class ActorCritic:
         entropy = dist.entropy()
         actor_loss = jnp.mean(weight[:, :-1] * -(objective + h.entropy * entropy))
 
-        slow_values = value(self.critic.apply(sg(slow_critic), sg(feat)), bins)
-        target = twohot.symlog(sg(returns))
-        critic_loss = twohot.loss(critic_logits[:, :-1], target, bins)
-        critic_loss += h.slow_reg * twohot.loss(critic_logits[:, :-1],
-                                                twohot.symlog(sg(slow_values[:, :-1])), bins)
-        critic_loss = jnp.mean(weight[:, :-1] * critic_loss)
+        critic_loss = jnp.mean(weight[:, :-1] * self.critic_loss(
+            critic_logits[:, :-1], slow_critic, sg(feat[:, :-1]), sg(returns)))
         metrics = {
             "agent/actor_loss": actor_loss, "agent/critic_loss": critic_loss,
             "agent/entropy": jnp.mean(entropy), "agent/return_scale": scale,
             "agent/imagined_return": jnp.mean(returns), "agent/value": jnp.mean(values),
             "agent/imagined_reward": jnp.mean(reward), "agent/advantage": jnp.mean(advantage),
         }
-        return actor_loss + critic_loss, (metrics, retnorm)
+        return actor_loss + critic_loss, (metrics, retnorm, returns[:, 0])
+
+    def critic_loss(self, critic_logits, slow_critic, feat, targets):
+        """Two-hot cross-entropy to ``targets`` plus ``slow_reg`` times that to the slow
+        critic's prediction at ``feat`` (official ``imag_loss``/``repl_loss``), per element."""
+        head = self.hyper.value_head
+        slow = jax.lax.stop_gradient(head.predict(self.critic.apply(slow_critic, feat)))
+        return head.loss(critic_logits, targets) + self.hyper.slow_reg * head.loss(critic_logits,
+                                                                                   slow)
+
+    def replay_value_loss(self, critic_params, slow_critic, feat, batch, boot):
+        """The critic on replayed states (official ``repl_loss``; module docstring).
+
+        ``feat`` [B, T, F]: the posterior features (gradients reach the world model);
+        ``batch``: the replayed ``reward``, ``is_terminal``, ``is_first`` [B, T]; ``boot``
+        [B, T]: the imagined lambda-return from each replayed state. Returns (loss, mean
+        target).
+        """
+        h = self.hyper
+        targets = jax.vmap(lambda r, t, f, b: replay_returns(r, t, f, b, h.gamma, h.lambda_))(
+            batch["reward"], batch["is_terminal"], batch["is_first"],
+            jax.lax.stop_gradient(boot))  # [B, T - 1]
+        logits = self.critic.apply(critic_params, feat[:, :-1])
+        loss = self.critic_loss(logits, slow_critic, jax.lax.stop_gradient(feat[:, :-1]),
+                                targets)
+        # A state that ends its episode has no return within this sequence (the next one is
+        # a reset): not trained, as the official weight 1 - is_last.
+        weight = 1.0 - batch["is_first"][:, 1:].astype(jnp.float32)
+        return jnp.mean(weight * loss), jnp.mean(targets)
+
+
+def replay_returns(reward, is_terminal, is_first, boot, gamma: float, lambda_: float):
+    """Lambda-returns [T - 1] along ONE replayed sequence [T] in the replay's convention
+    (``reward`` and ``is_terminal`` arrived with each observation, ``is_first`` marks a reset
+    observation), bootstrapped from ``boot`` [T], the imagined return of each state (official
+    ``repl_loss``'s ``lambda_return``):
+
+        R_t = r_{t+1} + gamma (1 - term_{t+1}) ((1 - l_t) boot_{t+1} + l_t R_{t+1}),
+        R_{T-1} = boot_{T-1},
+
+    with l_t = lambda, or 0 where state t+1 is its episode's last (state t+2 is a reset), so
+    that no return runs into the next episode.
+    """
+    is_last = jnp.concatenate([is_first[2:], jnp.zeros((1,), bool)])  # of states 1 .. T-1
+    lambdas = jnp.where(is_last, 0.0, lambda_)
+    return lambda_return(reward[1:], boot[1:], 1.0 - is_terminal[1:].astype(jnp.float32),
+                         boot[-1], gamma, lambdas)

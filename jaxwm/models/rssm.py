@@ -254,6 +254,13 @@ class LossScales:
 class WorldModel:
     net: WorldModelNet
     scales: LossScales = LossScales()
+    # The reward head's two-hot space (``ops.twohot.Regression``): ``symexp`` as the official
+    # code, ``symlog`` as the paper.
+    twohot: str = "symexp"
+
+    @property
+    def reward_head(self) -> twohot.Regression:
+        return twohot.Regression(self.twohot, self.net.num_bins)
 
     def init(self, key, example_obs):
         """Parameters from an example observation batch [B, *obs_shape]."""
@@ -350,8 +357,7 @@ class WorldModel:
         recon_axes = tuple(range(2, recon.ndim))
         decoder = jnp.sum((recon - target) ** 2, axis=recon_axes)
         reward_logits, cont_logit = self.heads(params, feat)
-        bins = twohot.bins(self.net.num_bins)
-        reward = twohot.loss(reward_logits, twohot.symlog(batch["reward"]), bins)
+        reward = self.reward_head.loss(reward_logits, batch["reward"])
         cont_target = 1.0 - batch["is_terminal"].astype(jnp.float32)
         cont = -(cont_target * jax.nn.log_sigmoid(cont_logit)
                  + (1.0 - cont_target) * jax.nn.log_sigmoid(-cont_logit))
@@ -406,7 +412,8 @@ def video_frames(target, recon) -> jax.Array:
     return jnp.round(frames * 255).astype(jnp.uint8)
 
 
-def make(obs_shape, action_dim: int, discrete: bool, size: str, **overrides) -> WorldModel:
+def make(obs_shape, action_dim: int, discrete: bool, size: str, twohot_space: str = "symexp",
+         **overrides) -> WorldModel:
     """The world model of ``size`` (a key of ``SIZES``), sizes overridable by keyword."""
     return WorldModel(WorldModelNet(tuple(obs_shape), action_dim, discrete,
-                                    **{**SIZES[size], **overrides}))
+                                    **{**SIZES[size], **overrides}), twohot=twohot_space)

@@ -70,7 +70,7 @@ def lambda_return(
     continues: chex.Array,
     bootstrap: chex.Array,
     gamma: float,
-    lambda_: float,
+    lambda_: float | chex.Array,
 ) -> chex.Array:
     """Lambda-returns of ONE imagined trajectory of H steps (DreamerV3, Hafner et al. 2023, eq. 7).
 
@@ -102,7 +102,9 @@ def lambda_return(
       continues: [H] c_{t+1} in [0, 1] (bool or float), the predicted continue flag there.
       bootstrap: [] v_H, the value of the last state (R_H).
       gamma: discount.
-      lambda_: lambda-return mixing weight.
+      lambda_: lambda-return mixing weight, a scalar or [H] per step (0 at step t: R_t stops
+        at its one-step target r_t + gamma c_t v_t, as on replayed sequences where the state
+        reached is an episode's last: ``agents.imagination.replay_returns``).
 
     Returns:
       [H] the lambda-returns R_0 .. R_{H-1}.
@@ -113,10 +115,13 @@ def lambda_return(
     bootstrap = jnp.asarray(bootstrap, rewards.dtype)
     chex.assert_rank(bootstrap, 0)
 
+    lambdas = jnp.broadcast_to(jnp.asarray(lambda_, rewards.dtype), rewards.shape)
+
     def step(next_return, xs):
-        reward, value, cont = xs
-        ret = reward + gamma * cont * ((1.0 - lambda_) * value + lambda_ * next_return)
+        reward, value, cont, lam = xs
+        ret = reward + gamma * cont * ((1.0 - lam) * value + lam * next_return)
         return ret, ret
 
-    _, returns = jax.lax.scan(step, bootstrap, (rewards, values, continues), reverse=True)
+    _, returns = jax.lax.scan(step, bootstrap, (rewards, values, continues, lambdas),
+                              reverse=True)
     return returns

@@ -14,14 +14,21 @@ Hafner et al. 2023, "Mastering Diverse Domains through World Models" (arXiv:2301
 Usage: reward and critic heads output K logits, predict ``symexp(decode(logits, b))`` and train
 on ``loss(logits, symlog(y), b)`` with ``b = bins()``.
 
-The paper (and the 2023 release of danijar/dreamerv3) two-hot encodes in symlog space, as
-here; the later official code instead places the bins at symexp of the evenly spaced values
-and interpolates in raw space. We follow the paper.
+Two spaces (``Regression``): the paper (and the 2023 release of danijar/dreamerv3) two-hot
+encodes symlog(y) over bins evenly spaced in symlog space and predicts symexp(E[bin]), as
+TD-MPC2 does; the current official DreamerV3 code (``embodied/jax/heads.py::symexp_twohot``,
+``outs.py::TwoHot``) places the bins at symexp of the evenly spaced values (``symexp_bins``),
+two-hot encodes y itself and predicts E[bin] in raw space. The two differ where the head is
+unsure: probabilities split between returns of 10 and 90 predict 30.6 in symlog space (the
+symexp of the mean log) and 50 in raw space (the mean), so symlog-space values sit below the
+mean return, most where the critic is least certain.
 
 ``encode``, ``decode`` and ``loss`` take any leading batch shape; the bin axis is last.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import chex
 import jax
@@ -44,6 +51,18 @@ def bins(num_bins: int = 255, low: float = -20.0, high: float = 20.0) -> jnp.nda
     symexp(20) ~ 5e8 covers any reward or return in practice.
     """
     return jnp.linspace(low, high, num_bins, dtype=jnp.float32)
+
+
+def symexp_bins(num_bins: int = 255, limit: float = 20.0) -> jnp.ndarray:
+    """[num_bins] raw-space bins at symexp of evenly spaced values on [-limit, limit]: one half
+    built and mirrored, so the bins are exactly symmetric about 0 (the official
+    ``Head.symexp_twohot``; a zero-initialised head then predicts exactly 0 with ``decode``).
+    An even count has no bin at 0 (the official code's has two, which two-hot cannot
+    interpolate between)."""
+    half = symexp(jnp.linspace(-limit, 0.0, num_bins // 2 + 1, dtype=jnp.float32))
+    if num_bins % 2:
+        return jnp.concatenate([half, -half[:-1][::-1]])
+    return jnp.concatenate([half[:-1], -half[:-1][::-1]])
 
 
 def encode(x: chex.Array, bin_positions: chex.Array) -> chex.Array:
@@ -92,3 +111,32 @@ def loss(logits: chex.Array, target: chex.Array, bin_positions: chex.Array) -> c
     chex.assert_shape(logits, (*target.shape, bin_positions.shape[0]))
     weights = encode(jax.lax.stop_gradient(target), bin_positions)
     return -jnp.sum(weights * jax.nn.log_softmax(logits, axis=-1), axis=-1)
+
+
+SPACES = ("symlog", "symexp")
+
+
+@dataclasses.dataclass(frozen=True)
+class Regression:
+    """A two-hot regression head: its bins, its prediction and its loss, in one of
+    ``SPACES`` (module docstring): ``symlog`` (the paper, TD-MPC2) or ``symexp`` (the current
+    official DreamerV3 code)."""
+
+    space: str = "symlog"
+    num_bins: int = 255
+
+    def __post_init__(self):
+        if self.space not in SPACES:
+            raise ValueError(f"Unknown two-hot space {self.space!r}; choose one of {SPACES}.")
+
+    def bins(self) -> jnp.ndarray:
+        return bins(self.num_bins) if self.space == "symlog" else symexp_bins(self.num_bins)
+
+    def predict(self, logits: chex.Array) -> chex.Array:
+        """The prediction in raw units from logits [..., K]."""
+        expected = decode(logits, self.bins())
+        return symexp(expected) if self.space == "symlog" else expected
+
+    def loss(self, logits: chex.Array, y: chex.Array) -> chex.Array:
+        """Cross-entropy to the two-hot encoding of ``y`` (raw units, no gradient)."""
+        return loss(logits, symlog(y) if self.space == "symlog" else y, self.bins())

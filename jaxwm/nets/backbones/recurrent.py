@@ -59,8 +59,11 @@ class BlockLinear(nn.Module):
     def __call__(self, x):
         x = x.astype(self.dtype)
         groups = x.reshape(x.shape[:-1] + (self.blocks, x.shape[-1] // self.blocks))
+        # Fan-in over the whole input (every block's inputs), as the official initialiser's
+        # fans of a [G, I, O] kernel (embodied/jax/nets.py ``compute_fans``): weights sqrt(G)
+        # smaller than a per-block fan-in would give.
         init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2,
-                                                out_axis=-1, batch_axis=(0,))
+                                                out_axis=-1)
         kernel = self.param("kernel", init, (self.blocks, groups.shape[-1],
                                              self.features // self.blocks))
         y = jnp.einsum("...gi,gio->...go", groups, kernel.astype(self.dtype))
