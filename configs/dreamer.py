@@ -21,7 +21,8 @@ train_ratio 256, 1.1M steps, no action repeat.
 Differences, on purpose: ``prefill`` steps of random actions before the first update (the
 official agent acts with its untrained actor from the start and trains as soon as a batch
 exists; prefill = batch_length is the nearest); sequences start from a zero model state
-(the official ``replay_context: 1`` replays a stored one);
+(the official ``replay_context: 1`` replays a stored one); sequences are drawn uniformly (the
+official ``replay.online`` also trains on each new sequence once, as soon as it is complete);
 ``report_every`` counts updates (the official ``report_every`` counts seconds); the replay
 holds ``capacity`` transitions over all envs (the official ``replay.size``, 5e6), sized here
 to hold each variant's whole run; ``debug`` shrinks the widths (deter 16, hidden 8, classes 4,

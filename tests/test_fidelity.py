@@ -49,6 +49,7 @@ def test_windows_and_the_dip_after_solving():
     assert np.isnan(curve[4])  # not reached
     assert fidelity.dip_after_solving(curve, 475.0) == 100.0
     assert np.isnan(fidelity.dip_after_solving(np.array([1.0, 2.0]), 475.0))
+    assert fidelity.largest_fall(np.array([10.0, 300.0, 120.0, 500.0, 260.0, np.nan])) == 240.0
 
 
 def test_plot_reads_both_sides_logs(tmp_path):
@@ -74,4 +75,4 @@ def test_plot_reads_both_sides_logs(tmp_path):
     assert out["table"]["official"]["2"]["first_solved"] == 1000
     assert out["table"]["official"]["2"]["dip_after_solving"] == 500.0
     assert (tmp_path / "fidelity_dreamer_cartpole_cpu.png").stat().st_size > 0
-    assert "| official | mean | 500 |" in (tmp_path / "dreamer_cartpole_cpu.md").read_text()
+    assert "| official | mean | 500 | 500 |" in (tmp_path / "dreamer_cartpole_cpu.md").read_text()

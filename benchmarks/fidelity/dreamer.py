@@ -147,9 +147,16 @@ def dip_after_solving(curve: np.ndarray, solved: float) -> float:
     return float(np.nanmin(curve[hit[0] + 1:]))
 
 
+def largest_fall(curve: np.ndarray) -> float:
+    """The largest fall of the windowed return below its best so far: the depth of the worst
+    collapse, whenever it comes."""
+    done = curve[~np.isnan(curve)]
+    return float(np.max(np.maximum.accumulate(done) - done)) if len(done) else float("nan")
+
+
 def summarise(curves: dict, window: int, solved: float, final_windows: int) -> dict:
     """Per side and seed: final (mean of the last ``final_windows`` windows), best window,
-    first env step solved, dip after solving."""
+    first env step solved, dip after solving, largest fall below the best so far."""
     table = {}
     for side, seeds in curves.items():
         rows = {}
@@ -161,6 +168,7 @@ def summarise(curves: dict, window: int, solved: float, final_windows: int) -> d
                 best=float(done.max()) if len(done) else float("nan"),
                 first_solved=int((hit[0] + 1) * window) if len(hit) else None,
                 dip_after_solving=dip_after_solving(curve, solved),
+                largest_fall=largest_fall(curve),
                 env_steps_logged=int(len(done) * window))
         table[side] = rows
     return table
@@ -179,16 +187,18 @@ def markdown(table: dict, settings: Settings, window: int, solved: float) -> str
                                                dataclasses.asdict(settings).items()) + ".",
         f"Training-episode returns averaged in windows of {window} env steps; final: the mean "
         f"of the last windows; solved: the first window >= {solved:.0f}; dip: the lowest "
-        "window after it.", "",
+        "window after it; fall: the largest fall below the best window so far.", "",
         "| side | seed | final | best | first solved (env steps) | dip after solving | "
-        "env steps |", "|---|---|---|---|---|---|---|"]
+        "fall | env steps |", "|---|---|---|---|---|---|---|---|"]
     for side, rows in table.items():
         for seed, r in sorted(rows.items()):
             lines.append(f"| {side} | {seed} | {_fmt(r['final'])} | {_fmt(r['best'])} | "
                          f"{_fmt(r['first_solved'])} | {_fmt(r['dip_after_solving'])} | "
-                         f"{r['env_steps_logged']} |")
-        finals = [r["final"] for r in rows.values()]
-        lines.append(f"| {side} | mean | {_fmt(float(np.mean(finals)))} | | | | |")
+                         f"{_fmt(r['largest_fall'])} | {r['env_steps_logged']} |")
+        mean = {key: _fmt(float(np.mean([r[key] for r in rows.values()])))
+                for key in ("final", "best", "largest_fall")}
+        lines.append(f"| {side} | mean | {mean['final']} | {mean['best']} | | | "
+                     f"{mean['largest_fall']} | |")
     return "\n".join(lines) + "\n"
 
 
