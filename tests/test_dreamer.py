@@ -63,6 +63,8 @@ def test_a_train_ratio_the_hooks_cannot_meet_is_refused():
     ({"dreamer.model_size": "3m"}, "does not exist"),
     ({"env.pixels": True}, "dm_control"),
     ({"dreamer.prefill": 5}, "prefill"),
+    ({"dreamer.twohot": "raw"}, "symexp"),
+    ({"dreamer.repval": -0.3}, "repval"),
 ])
 def test_bad_input_is_refused_before_compiling(override, message):
     config = load("configs/dreamer.py:debug")

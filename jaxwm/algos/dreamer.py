@@ -47,6 +47,7 @@ from jaxwm.loop import phases, seeds
 from jaxwm.loop.algorithm import Algorithm, Hook
 from jaxwm.media import Video
 from jaxwm.models import rssm
+from jaxwm.ops import twohot
 
 MAX_HOOK_REPEATS = 64  # M of collect:M, update_model:K (collects per cycle)
 
@@ -116,6 +117,10 @@ def validate(config) -> None:
          "(bfloat16 pays off on accelerators; on a CPU it is slower)."),
         (0 < d.report_context < d.report_length <= d.prefill,
          "dreamer.report_context must be in (0, report_length) and report_length <= prefill."),
+        (d.twohot in twohot.SPACES, f"dreamer.twohot={d.twohot!r}: choose one of "
+                                    f"{twohot.SPACES} (symexp: the official code's bins)."),
+        (d.repval >= 0 and 0 <= d.actor_unimix < 1,
+         "dreamer.repval must be >= 0 and dreamer.actor_unimix in [0, 1)."),
     ]
     require(checks)
     derived = phase_hooks(config)["train"]  # refuses a ratio no hooks can meet
