@@ -31,6 +31,10 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)
+from jaxwm.loop.metrics import read_jsonl  # noqa: E402  (a last line cut short is left out)
+from jaxwm.report import figures, stats  # noqa: E402
+
 RUNS = os.path.join("runs", "fidelity", "dreamer_cartpole")
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "fidelity")
 FIGURES = os.path.join(ROOT, "docs", "figures")
@@ -102,25 +106,14 @@ def official_command(s: Settings, seed: int, logdir: str, python: str, src: str)
 # ----------------------------------------------------------------------------- logs
 
 
-def _jsonl(path: str) -> list[dict]:
-    rows = []
-    with open(path) as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a last line the run is still writing
-                break
-    return rows
-
-
 def episode_returns(side: str, logdir: str) -> tuple[np.ndarray, np.ndarray]:
     """(env steps, training-episode return) as the side logged them."""
     if side == "jaxwm":
-        rows = [r for r in _jsonl(os.path.join(logdir, "metrics.jsonl"))
+        rows = [r for r in read_jsonl(os.path.join(logdir, "metrics.jsonl"))
                 if "charts/episodic_return" in r]
         return (np.array([r["counters/env_steps"] for r in rows], float),
                 np.array([r["charts/episodic_return"] for r in rows], float))
-    rows = [r for r in _jsonl(os.path.join(logdir, "scores.jsonl")) if "episode/score" in r]
+    rows = [r for r in read_jsonl(os.path.join(logdir, "scores.jsonl")) if "episode/score" in r]
     return (np.array([r["step"] for r in rows], float),
             np.array([r["episode/score"] for r in rows], float))
 
@@ -203,9 +196,6 @@ def markdown(table: dict, settings: Settings, window: int, solved: float) -> str
 
 
 def plot(args) -> None:
-    sys.path.insert(0, ROOT)
-    from jaxwm.report import figures, stats
-
     settings = with_overrides(PRESETS[args.preset], args.set)
     curves = {}
     for side in SIDES:
