@@ -17,10 +17,13 @@ learned on pendulum_tiny where 1.0 diverged).
 
 Settings follow OfflineRL-Kit's MOPO (yihaosun1124/OfflineRL-Kit): ensemble 7 / elites 5, 4x200 Swish,
 lr 1e-3, batch 256; rollouts from 50k dataset states, model buffer of 5 rollout batches,
-5% real data; SAC 256x256 with actor 1e-4, critic 3e-4, alpha 1e-4; 3000 epochs of 1000
-updates; per-dataset horizon / lambda for the nine D4RL MuJoCo datasets (variants
-``<env>_medium``, ``<env>_medium_replay``, ``<env>_medium_expert``; e.g. hopper-medium 5 / 5,
-halfcheetah-medium 5 / 0.5, walker2d-medium-replay 1 / 2.5).
+5% real data; SAC 256x256 with actor 1e-4, critic 3e-4, alpha 1e-4, the kit's actor
+(log-std clamped to [-5, 2], ``sac.log_std=clip``), alpha capped at 1 (``sac.max_alpha``) and
+the actor's lr cosine-annealed to 0 over the policy phase, one step per epoch
+(``mopo.actor_lr_cosine``); 3000 epochs of 1000 updates; per-dataset horizon / lambda for
+the nine D4RL MuJoCo datasets (variants ``<env>_medium``, ``<env>_medium_replay``,
+``<env>_medium_expert``; e.g. hopper-medium 5 / 5, halfcheetah-medium 5 / 0.5,
+walker2d-medium-replay 1 / 2.5).
 ``pendulum_tiny`` is the same code path at CPU sizes, on a Pendulum medium dataset that it
 makes (``jaxwm.tools.make_dataset``, about two minutes) when the file is missing.
 """
@@ -81,8 +84,12 @@ def get_config(variant: str = "pendulum_tiny") -> ml_collections.ConfigDict:
     m.retain_epochs = 5
     m.real_ratio = 0.05
     m.updates_per_epoch = 1_000
+    # The actor's lr cosine-annealed to 0 over phases.policy.duration, one step per epoch
+    # (OfflineRL-Kit's CosineAnnealingLR); a resume that lengthens the phase stretches it.
+    m.actor_lr_cosine = True
     c.mopo = m
-    c.sac = sac_block(actor_lr=1e-4, critic_lr=3e-4, alpha_lr=1e-4)
+    kit_sac = dict(actor_lr=1e-4, critic_lr=3e-4, alpha_lr=1e-4, log_std="clip", max_alpha=1.0)
+    c.sac = sac_block(**kit_sac)
 
     g = ml_collections.ConfigDict()
     g.num_couplings = 6
@@ -118,8 +125,8 @@ def get_config(variant: str = "pendulum_tiny") -> ml_collections.ConfigDict:
         m.update(num_members=3, num_elites=2, model_hidden=(16, 16),
                  weight_decay=(2.5e-5, 5e-5, 1e-4), model_batch=32, rollout_batch=64,
                  retain_epochs=2, updates_per_epoch=8)
-        c.sac = sac_block(actor_lr=1e-4, critic_lr=3e-4, alpha_lr=1e-4, batch_size=32,
-                          actor_hidden=(16, 16), critic_hidden=(16, 16))
+        c.sac = sac_block(**kit_sac, batch_size=32, actor_hidden=(16, 16),
+                          critic_hidden=(16, 16))
         g.update(num_couplings=2, hidden=(16, 16), batch_size=256, max_epochs=3)
         c.phases.model.duration = 3
         c.phases.policy.duration = 32

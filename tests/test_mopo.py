@@ -142,6 +142,7 @@ def test_gormpo_fits_its_density_once_and_reuses_it(pendulum_random, tmp_path, s
     ({"penalty": "tanh"}, "set --config.algo=gormpo"),
     ({"mopo.num_elites": 9}, "num_elites"),
     ({"sac.batch_size": 0}, "sac.batch_size"),
+    ({"sac.log_std": "exp"}, "Unknown sac.log_std 'exp'"),
     ({"env.id": "Hopper-v4"}, "the dataset was made for another env"),
     ({"dataset": "/nonexistent/hopper.hdf5", "dataset_make.level": ""},
      "/nonexistent/hopper.hdf5.*make_dataset --env=Pendulum-v1"),
@@ -160,6 +161,18 @@ def test_an_inverse_penalty_with_a_large_coefficient_is_warned_about(pendulum_ra
         runner.validate(mopo_config(pendulum_random, tmp_path, algo="gormpo",
                                     penalty="inverse", penalty_coef=0.01))
     assert not [w for w in caught if "inverse penalty" in str(w.message)]
+
+
+def test_the_actor_lr_anneals_over_the_policy_phase_one_step_per_epoch():
+    """OfflineRL-Kit's run_mopo.py: CosineAnnealingLR(actor_optim, epochs), stepped per epoch;
+    with its actor (clamped log-std) and alpha capped at 1."""
+    c = jaxwm.config.load(os.path.join(ROOT, "configs/mopo.py:hopper_medium"))
+    hyper = mopo.sac_hyper(c)
+    assert (hyper.actor_lr_decay_steps, hyper.actor_lr_step_every) == (3000, 1000)
+    assert (hyper.max_alpha, c.sac.log_std) == (1.0, "clip")
+    c = jaxwm.config.load(os.path.join(ROOT, "configs/mopo.py:hopper_medium"),
+                          {"mopo.actor_lr_cosine": False})
+    assert mopo.sac_hyper(c).actor_lr_decay_steps == 0
 
 
 def test_d4rl_variants_carry_mopos_horizon_and_lambda():

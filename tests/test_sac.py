@@ -93,6 +93,47 @@ def test_temperature_moves_toward_the_entropy_target(target_entropy, direction):
     assert float(after.log_alpha) == pytest.approx(np.log(0.2))
 
 
+def test_clipped_log_std_is_the_linear_output_clamped_to_the_bounds():
+    """OfflineRL-Kit's actor (``log_std="clip"``): log-std = clamp(W x + b, -5, 2), with no
+    gradient outside the bounds; CleanRL's ("tanh") squashes the same output smoothly."""
+    obs = jnp.asarray(np.random.default_rng(0).normal(size=(4, 3)) * 50, jnp.float32)
+    clip = sac.TanhGaussianActor(2, (8,), log_std="clip")
+    params = clip.init(jax.random.PRNGKey(0), obs)
+    _, log_std = clip.apply(params, obs)
+    hidden = jax.nn.relu(obs @ params["params"]["Dense_0"]["kernel"]
+                         + params["params"]["Dense_0"]["bias"])
+    raw = hidden @ params["params"]["Dense_2"]["kernel"] + params["params"]["Dense_2"]["bias"]
+    np.testing.assert_allclose(log_std, np.clip(raw, -5.0, 2.0), rtol=1e-5, atol=1e-5)
+    assert (np.abs(raw) > 5).any()  # the clamp is exercised
+    grad = jax.grad(lambda p: jnp.sum(clip.apply(p, obs)[1]))(params)
+    outside = (np.asarray(raw) < -5) | (np.asarray(raw) > 2)
+    np.testing.assert_allclose(np.asarray(grad["params"]["Dense_2"]["bias"]),
+                               (~outside).sum(0), atol=1e-6)
+    tanh = sac.TanhGaussianActor(2, (8,), log_std="tanh")
+    _, smooth = tanh.apply(params, obs)
+    np.testing.assert_allclose(smooth, -5.0 + 3.5 * (np.tanh(raw) + 1), rtol=1e-5, atol=1e-5)
+
+
+def test_actor_learning_rate_follows_the_stepped_cosine():
+    """CosineAnnealingLR(T_max=4) stepped every 10 updates: lr (1 + cos(pi n / 4)) / 2 after n
+    steps, constant within a step, 0 from the 40th update on."""
+    hyper = sac.SACHyper(actor_lr=1.0, actor_lr_decay_steps=4, actor_lr_step_every=10)
+    schedule = sac.actor_learning_rate(hyper)
+    got = [float(schedule(c)) for c in (0, 9, 10, 19, 20, 30, 40, 55)]
+    half = 0.5 * (1 + np.cos(np.pi / 4))
+    np.testing.assert_allclose(got, [1.0, 1.0, half, half, 0.5, 1 - half, 0.0, 0.0], atol=1e-6)
+    assert sac.actor_learning_rate(sac.SACHyper(actor_lr=3e-4)) == 3e-4
+
+
+def test_temperature_is_capped_where_max_alpha_is_set():
+    nets = small_nets()
+    for cap, expected in ((None, 5.0), (1.0, 1.0)):
+        hyper = sac.SACHyper(initial_alpha=5.0, max_alpha=cap)
+        learner = sac.init_learner(nets, hyper, jax.random.PRNGKey(0), 3)
+        _, metrics = sac.update_step(nets, hyper, learner, batch(), jax.random.PRNGKey(1))
+        assert float(metrics["agent/alpha"]) == pytest.approx(expected)
+
+
 def test_scanned_updates_equal_single_updates():
     nets, hyper = small_nets(), sac.SACHyper(batch_size=8)
     data = batch(n=64)
@@ -138,6 +179,8 @@ def test_online_sac_runs_end_to_end(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     ({"env.id": "CartPole-v1"}, "sac takes continuous actions; CartPole-v1's are discrete"),
     ({"sac.learning_starts": 200_000, "total_env_steps": 300_000}, "at most sac.capacity"),
+    ({"sac.log_std": "softplus"}, r"Unknown sac.log_std 'softplus'; choose one of"),
+    ({"sac.max_alpha": 0.0}, "sac.max_alpha must be positive"),
 ])
 def test_bad_settings_are_refused(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):

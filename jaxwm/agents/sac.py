@@ -16,6 +16,13 @@ compiled constant). A batch is a dict with ``obs``, ``action`` (env scale), ``re
 ``next_obs`` and ``terminated`` (1 where the episode really ended: no bootstrap; truncation
 bootstraps).
 
+Two parameterisations the reference codes differ on, as switches: the actor's log-std
+(``log_std``: "tanh", CleanRL's smooth squash into [-5, 2], starting near std 0.22; "clip",
+OfflineRL-Kit's hard clamp of the linear output, starting near std 1) and the temperature's
+cap (``max_alpha``: OfflineRL-Kit clamps alpha to [0, 1]). The actor's learning rate can be
+cosine-annealed to zero (``actor_lr_decay_steps`` schedule steps of ``actor_lr_step_every``
+updates each: OfflineRL-Kit's ``CosineAnnealingLR`` stepped once per epoch).
+
 Actions: the actor's tanh output in [-1, 1] is mapped affinely onto the env's [low, high]
 box, and the log-probability includes that map's log-determinant (CleanRL's
 ``action_scale``), so the entropy target means the same for every box.
@@ -43,7 +50,8 @@ from jaxwm import parallel
 from jaxwm.envs import acting
 from jaxwm.envs.types import ActionBox  # noqa: F401 -- sac.ActionBox for its callers
 
-LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # CleanRL's bounds, reached through a tanh
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # CleanRL's and OfflineRL-Kit's bounds
+LOG_STD_BOUNDS = ("tanh", "clip")  # how the bounds are kept: see the module docstring
 
 
 class TanhGaussianActor(nn.Module):
@@ -51,6 +59,7 @@ class TanhGaussianActor(nn.Module):
 
     action_dim: int
     hidden: Sequence[int] = (256, 256)
+    log_std: str = "tanh"  # one of LOG_STD_BOUNDS
 
     @nn.compact
     def __call__(self, obs):
@@ -58,8 +67,10 @@ class TanhGaussianActor(nn.Module):
         for width in self.hidden:
             x = nn.relu(nn.Dense(width)(x))
         mean = nn.Dense(self.action_dim)(x)
-        log_std = jnp.tanh(nn.Dense(self.action_dim)(x))
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
+        raw = nn.Dense(self.action_dim)(x)
+        if self.log_std == "clip":  # zero gradient outside the bounds, as torch.clamp
+            return mean, jnp.clip(raw, LOG_STD_MIN, LOG_STD_MAX)
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (jnp.tanh(raw) + 1)
         return mean, log_std
 
 
@@ -112,6 +123,11 @@ class SACHyper:
     auto_alpha: bool = True
     initial_alpha: float = 1.0
     target_entropy: float | None = None  # None: -action_dim
+    max_alpha: float | None = None  # None: no cap (OfflineRL-Kit: 1.0)
+    # Cosine annealing of the actor's lr to 0 over this many steps of ``actor_lr_step_every``
+    # updates each (0: constant), e.g. one step per epoch of 1000 updates.
+    actor_lr_decay_steps: int = 0
+    actor_lr_step_every: int = 1
 
     @classmethod
     def from_config(cls, cfg) -> SACHyper:
@@ -138,9 +154,9 @@ class SACNets:
 
     @classmethod
     def create(cls, box: ActionBox, actor_hidden=(256, 256), critic_hidden=(256, 256),
-               num_critics: int = 2) -> SACNets:
-        return cls(TanhGaussianActor(int(np.prod(box.low.shape)), tuple(actor_hidden)),
-                   Critics(num_critics, tuple(critic_hidden)), box)
+               num_critics: int = 2, log_std: str = "tanh") -> SACNets:
+        actor = TanhGaussianActor(int(np.prod(box.low.shape)), tuple(actor_hidden), log_std)
+        return cls(actor, Critics(num_critics, tuple(critic_hidden)), box)
 
     def act(self, actor_params, obs, key, temperature=1.0):
         mean, log_std = self.actor.apply(actor_params, obs)
@@ -161,12 +177,25 @@ def config_block(**overrides) -> ml_collections.ConfigDict:
     s.auto_alpha = True
     s.initial_alpha = 1.0
     s.target_entropy = ml_collections.FieldReference(None, field_type=float)  # None: -|A|
+    s.log_std = "tanh"  # or "clip" (OfflineRL-Kit): LOG_STD_BOUNDS
+    s.max_alpha = ml_collections.FieldReference(None, field_type=float)  # None: no cap
     s.capacity = 1_000_000
     s.learning_starts = 5_000
     s.steps_per_collect = 8  # per env
     s.updates_per_step = 1.0  # updates per env step
     s.update(overrides)
     return s
+
+
+def config_checks(s) -> list[tuple[bool, str]]:
+    """(holds, message) for the ``config.sac`` block's own settings, for ``config.require``
+    (every algorithm that takes the block: online SAC, MOPO / GORMPO)."""
+    return [(0.0 < s.tau <= 1.0 and 0.0 <= s.gamma <= 1.0,
+             "sac.tau must be in (0, 1] and sac.gamma in [0, 1]."),
+            (s.log_std in LOG_STD_BOUNDS,
+             f"Unknown sac.log_std {s.log_std!r}; choose one of {LOG_STD_BOUNDS}."),
+            (s.max_alpha is None or s.max_alpha > 0,
+             "sac.max_alpha must be positive (or None: no cap).")]
 
 
 def policy(nets: SACNets) -> acting.Policy:
@@ -176,8 +205,23 @@ def policy(nets: SACNets) -> acting.Policy:
         learner.actor, jnp.asarray(obs, jnp.float32), key, temperature)[0])
 
 
+def actor_learning_rate(hyper: SACHyper):
+    """A constant, or OfflineRL-Kit's ``CosineAnnealingLR(T_max=decay_steps)`` stepped every
+    ``actor_lr_step_every`` updates: lr * (1 + cos(pi * min(n, T) / T)) / 2 after n steps."""
+    if not hyper.actor_lr_decay_steps:
+        return hyper.actor_lr
+    steps, every = hyper.actor_lr_decay_steps, hyper.actor_lr_step_every
+
+    def schedule(count):
+        n = jnp.minimum(count // every, steps)
+        return hyper.actor_lr * 0.5 * (1.0 + jnp.cos(jnp.pi * n / steps))
+
+    return schedule
+
+
 def optimizers(hyper: SACHyper):
-    return optax.adam(hyper.actor_lr), optax.adam(hyper.critic_lr), optax.adam(hyper.alpha_lr)
+    return (optax.adam(actor_learning_rate(hyper)), optax.adam(hyper.critic_lr),
+            optax.adam(hyper.alpha_lr))
 
 
 def init_learner(nets: SACNets, hyper: SACHyper, key, obs_dim: int) -> Learner:
@@ -202,6 +246,8 @@ def update_step(nets: SACNets, hyper: SACHyper, learner: Learner, batch, key):
                       else hyper.target_entropy)
     k_next, k_pi = jax.random.split(key)
     alpha = jnp.exp(learner.log_alpha)
+    if hyper.max_alpha is not None:
+        alpha = jnp.minimum(alpha, hyper.max_alpha)
 
     next_action, next_log_prob = nets.act(learner.actor, batch["next_obs"], k_next)
     next_q = jnp.min(nets.critics.apply(learner.target_critic, batch["next_obs"], next_action), 0)

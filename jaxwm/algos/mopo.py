@@ -105,6 +105,7 @@ def validate(config) -> None:
                                "dataset (python -m jaxwm.tools.make_dataset makes one)."),
         (m.num_elites <= m.num_members, "mopo.num_elites must be in [1, num_members]."),
         (0.0 <= m.real_ratio <= 1.0, "mopo.real_ratio must be in [0, 1]."),
+        *sac.config_checks(config.sac),
     ]
     require(checks)
     if shape == "inverse" and config.penalty_coef > INVERSE_COEF_WARN:
@@ -113,6 +114,17 @@ def validate(config) -> None:
             f"{config.penalty_coef} far out-of-distribution samples swamp the reward (on "
             f"pendulum_tiny 1.0 diverged, 0.01 learned). Try --config.penalty_coef=0.01.",
             stacklevel=2)
+
+
+def sac_hyper(config) -> sac.SACHyper:
+    """SAC's settings; with ``mopo.actor_lr_cosine`` the actor's lr follows OfflineRL-Kit's
+    ``CosineAnnealingLR(T_max=epochs)``, stepped once per epoch of ``updates_per_epoch``."""
+    m, hyper = config.mopo, sac.SACHyper.from_config(config.sac)
+    if not m.actor_lr_cosine:
+        return hyper
+    epochs = max(1, config.phases.policy.duration // m.updates_per_epoch)
+    return dataclasses.replace(hyper, actor_lr_decay_steps=epochs,
+                               actor_lr_step_every=m.updates_per_epoch)
 
 
 def ensemble_spec(config, obs_dim: int, action_dim: int) -> ensemble.EnsembleSpec:
@@ -268,9 +280,9 @@ def build(config) -> Algorithm:
     obs_dim, action_dim = dataset.obs_dim, dataset.action_dim
     terminated_fn = termination.termination_fn(config.env.id)
     model_spec = ensemble_spec(config, obs_dim, action_dim)
-    nets = sac.SACNets.create(box, s.actor_hidden, s.critic_hidden)
+    nets = sac.SACNets.create(box, s.actor_hidden, s.critic_hidden, log_std=s.log_std)
     policy = sac.policy(nets)
-    hyper = sac.SACHyper.from_config(s)
+    hyper = sac_hyper(config)
     shape, coef = penalty_shape(config), float(config.penalty_coef)
     over_seeds = partial(seeds.vmap, num_seeds=config.num_seeds)
 

@@ -49,8 +49,7 @@ def validate(config) -> None:
     """SAC's own settings."""
     require([(config.sac.capacity >= config.sac.learning_starts,
               "sac.learning_starts must be at most sac.capacity."),
-             (0.0 < config.sac.tau <= 1.0 and 0.0 <= config.sac.gamma <= 1.0,
-              "sac.tau must be in (0, 1] and sac.gamma in [0, 1].")])
+             *sac.config_checks(config.sac)])
 
 
 def updates_per_collect(config) -> int:
@@ -76,7 +75,7 @@ def build(config) -> Algorithm:
     s = config.sac
     obs_dim = env.spec.obs_shape[0]
     box = sac.ActionBox(np.asarray(env.spec.action_low), np.asarray(env.spec.action_high))
-    nets = sac.SACNets.create(box, s.actor_hidden, s.critic_hidden)
+    nets = sac.SACNets.create(box, s.actor_hidden, s.critic_hidden, log_std=s.log_std)
     hyper = sac.SACHyper.from_config(s)
     mesh = parallel.data_mesh(config.num_devices or None)
     num_updates = updates_per_collect(config)
