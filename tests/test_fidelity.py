@@ -1,5 +1,6 @@
-"""benchmarks/fidelity/dreamer.py: both sides' command lines from one table of settings, and
-the table and figure from both sides' logs (synthetic logs in each side's format)."""
+"""benchmarks/fidelity/ (dreamer.py, mopo.py): both sides' command lines from one table of
+settings, and the table and figure from both sides' logs (synthetic logs in each side's
+format); the stand-in env that OfflineRL-Kit is given."""
 
 import json
 import os
@@ -11,6 +12,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks", "fidelity"))
 import dreamer as fidelity  # noqa: E402
+import mopo as mopo_fidelity  # noqa: E402
+import mopo_offlinerlkit  # noqa: E402
 
 
 def _flags(command, prefix):
@@ -76,3 +79,94 @@ def test_plot_reads_both_sides_logs(tmp_path):
     assert out["table"]["official"]["2"]["dip_after_solving"] == 500.0
     assert (tmp_path / "fidelity_dreamer_cartpole_cpu.png").stat().st_size > 0
     assert "| official | mean | 500 | 500 |" in (tmp_path / "dreamer_cartpole_cpu.md").read_text()
+
+
+# ----------------------------------------------------------------------------- MOPO
+
+
+def test_mopo_both_sides_get_the_same_settings():
+    s = mopo_fidelity.with_overrides(mopo_fidelity.PRESETS["pendulum"],
+                                     ["epochs=7", "penalty_coef=2.5"])
+    ours = _flags(mopo_fidelity.jaxwm_command(s, 3, "runs/x"), "--config.")
+    command = mopo_fidelity.kit_command(s, 3, "runs/y", "python", "src")
+    launcher = command[command.index("--src"):command.index("--")]
+    pairs = command[command.index("--") + 1:]
+    theirs = {k[2:]: v for k, v in zip(pairs[::2], pairs[1::2], strict=True)}
+    assert ours["seed"] == theirs["seed"] == "3"
+    assert int(ours["phases.policy.duration"]) == 7 * int(theirs["step-per-epoch"]) == 7000
+    assert int(ours["mopo.updates_per_epoch"]) == int(theirs["step-per-epoch"])
+    assert float(ours["penalty_coef"]) == float(theirs["penalty-coef"]) == 2.5
+    assert int(ours["mopo.horizon"]) == int(theirs["rollout-length"])
+    assert int(ours["mopo.rollout_batch"]) == int(theirs["rollout-batch-size"])
+    assert int(ours["eval.num_episodes"]) == int(theirs["eval_episodes"])
+    assert ours["eval.every"] == f"{theirs['step-per-epoch']} agent_updates"
+    assert int(ours["phases.model.duration"]) == int(
+        launcher[launcher.index("--model-max-epochs") + 1])
+    assert ours["dataset"] == launcher[launcher.index("--dataset") + 1]
+    assert "--gormpo-src" not in launcher and "algo" not in ours
+    g = mopo_fidelity.with_overrides(s, ["algo=gormpo"])
+    ours = _flags(mopo_fidelity.jaxwm_command(g, 3, "runs/x"), "--config.")
+    command = mopo_fidelity.kit_command(g, 3, "runs/y", "python", "src", "gormpo")
+    assert (ours["algo"], ours["penalty"], ours["gormpo.score_next_state"]) == (
+        "gormpo", "linear", "True")  # GORMPO scores the predicted next state, as its code
+    assert command[command.index("--gormpo-src") + 1] == "gormpo"
+
+
+def test_mopo_plot_reads_both_sides_logs(tmp_path):
+    runs = tmp_path / "runs"
+    for seed in (1, 2):
+        ours = runs / "mopo" / "jaxwm" / f"seed{seed}"
+        ours.mkdir(parents=True)
+        with open(ours / "metrics.jsonl", "w") as f:
+            f.write(json.dumps({"counters/agent_updates": 0, "losses/model_nll": 1.0}) + "\n")
+            for epoch in range(1, 4):
+                f.write(json.dumps({"counters/agent_updates": epoch * 1000,
+                                    "eval/episodic_return": -1000.0 + 100 * epoch + seed}) + "\n")
+        record = (runs / "mopo" / "offlinerlkit" / f"seed{seed}" / "log" / "pendulum-medium"
+                  / "mopo&penalty_coef=1.0" / f"seed_{seed}&timestamp_x" / "record")
+        record.mkdir(parents=True)
+        (record / "policy_training_progress.csv").write_text(
+            "alpha,eval/normalized_episode_reward,timestep\n"
+            "0.9,-800.0,1000\n0.8,-300.0,2000\n0.7,-500.0,3000\n")
+    plot = ["plot", "--seeds", "1", "2", "--runs", str(runs), "--set", "epochs=3",
+            "--set", f"dataset={tmp_path / 'absent.hdf5'}", "--final-epochs", "2",
+            "--results", str(tmp_path), "--figures", str(tmp_path)]
+    mopo_fidelity.main(plot)
+    out = json.loads((tmp_path / "mopo_pendulum_medium.json").read_text())
+    assert out["unit"] == "return"  # no dataset to say, and Pendulum has no D4RL reference
+    assert out["table"]["jaxwm"]["2"]["final"] == pytest.approx((-798 + -698) / 2)
+    assert out["table"]["offlinerlkit"]["1"]["best"] == -300.0
+    assert out["table"]["offlinerlkit"]["1"]["largest_fall"] == 200.0
+    assert out["curves"]["jaxwm"]["1"] == [-899.0, -799.0, -699.0]
+    assert (tmp_path / "fidelity_mopo_pendulum_medium.png").stat().st_size > 0
+    mopo_fidelity.main(plot + ["--set", "env=Hopper-v4", "--suffix", "_hopper"])
+    out = json.loads((tmp_path / "mopo_pendulum_medium_hopper.json").read_text())
+    low, high = out["reference"]  # D4RL's hopper returns, both sides normalised alike
+    assert out["curves"]["offlinerlkit"]["1"][1] == pytest.approx(100 * (-300 - low) / (high - low))
+
+
+def test_the_kits_env_stand_in_speaks_the_old_gym_api_and_d4rl(tmp_path):
+    import gymnasium
+    import h5py
+
+    path = str(tmp_path / "d.hdf5")
+    with h5py.File(path, "w") as f:
+        for key, shape in (("observations", (5, 3)), ("actions", (5, 1)), ("rewards", (5,)),
+                           ("terminals", (5,)), ("timeouts", (5,)),
+                           ("next_observations", (5, 3))):
+            f[key] = np.zeros(shape)
+    env = mopo_offlinerlkit.OfflineEnv(gymnasium.make("Pendulum-v1"), path)
+    env.seed(3)
+    first = env.reset()
+    env.seed(3)
+    np.testing.assert_array_equal(env.reset(), first)  # seeded as Gym's env.seed did
+    steps = 0
+    while True:
+        obs, reward, done, info = env.step(np.zeros(1, np.float32))
+        steps += 1
+        if done:
+            break
+    assert steps == env._max_episode_steps == 200  # the time limit ends it (old-API done)
+    assert set(env.get_dataset()) >= {"observations", "timeouts", "next_observations"}
+    # The kit logs 100 x this as its "normalized" column: the raw return, normalised later.
+    assert env.get_normalized_score(-250.0) * 100 == pytest.approx(-250.0)

@@ -22,23 +22,29 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import subprocess
 import sys
 
 import numpy as np
+from side_by_side import (
+    FIGURES,
+    HERE,
+    RESULTS,
+    band_lines,
+    fmt,
+    largest_fall,
+    run_seeds,
+    save_figure,
+    save_table,
+    with_overrides,
+)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from jaxwm.loop.metrics import read_jsonl  # noqa: E402  (a last line cut short is left out)
-from jaxwm.report import figures, stats  # noqa: E402
 
 RUNS = os.path.join("runs", "fidelity", "dreamer_cartpole")
-RESULTS = os.path.join(ROOT, "benchmarks", "results", "fidelity")
-FIGURES = os.path.join(ROOT, "docs", "figures")
 SIDES = ("jaxwm", "official")
+LABELS = {"jaxwm": "jaxwm", "official": "danijar/dreamerv3"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,17 +71,6 @@ PRESETS = {
     # at these settings; the official warm-up alone is 1000).
     "official": Settings(steps=200_000, batch_length=64, lr=4e-5, warmup=1000, horizon=333),
 }
-
-
-def with_overrides(settings: Settings, pairs: list[str]) -> Settings:
-    fields = {f.name: f.type for f in dataclasses.fields(Settings)}
-    changes = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        if key not in fields or not value:
-            raise SystemExit(f"--set {pair!r}: expected key=value with key one of {sorted(fields)}")
-        changes[key] = type(getattr(settings, key))(value)
-    return dataclasses.replace(settings, **changes)
 
 
 def jaxwm_command(s: Settings, seed: int, logdir: str) -> list[str]:
@@ -140,13 +135,6 @@ def dip_after_solving(curve: np.ndarray, solved: float) -> float:
     return float(np.nanmin(curve[hit[0] + 1:]))
 
 
-def largest_fall(curve: np.ndarray) -> float:
-    """The largest fall of the windowed return below its best so far: the depth of the worst
-    collapse, whenever it comes."""
-    done = curve[~np.isnan(curve)]
-    return float(np.max(np.maximum.accumulate(done) - done)) if len(done) else float("nan")
-
-
 def summarise(curves: dict, window: int, solved: float, final_windows: int) -> dict:
     """Per side and seed: final (mean of the last ``final_windows`` windows), best window,
     first env step solved, dip after solving, largest fall below the best so far."""
@@ -167,12 +155,6 @@ def summarise(curves: dict, window: int, solved: float, final_windows: int) -> d
     return table
 
 
-def _fmt(x) -> str:
-    if x is None or (isinstance(x, float) and np.isnan(x)):
-        return "-"
-    return f"{x:.0f}" if isinstance(x, float) else str(x)
-
-
 def markdown(table: dict, settings: Settings, window: int, solved: float) -> str:
     lines = [
         "# DreamerV3 side by side: jaxwm and danijar/dreamerv3 (training episodes)", "",
@@ -185,10 +167,10 @@ def markdown(table: dict, settings: Settings, window: int, solved: float) -> str
         "fall | env steps |", "|---|---|---|---|---|---|---|---|"]
     for side, rows in table.items():
         for seed, r in sorted(rows.items()):
-            lines.append(f"| {side} | {seed} | {_fmt(r['final'])} | {_fmt(r['best'])} | "
-                         f"{_fmt(r['first_solved'])} | {_fmt(r['dip_after_solving'])} | "
-                         f"{_fmt(r['largest_fall'])} | {r['env_steps_logged']} |")
-        mean = {key: _fmt(float(np.mean([r[key] for r in rows.values()])))
+            lines.append(f"| {side} | {seed} | {fmt(r['final'])} | {fmt(r['best'])} | "
+                         f"{fmt(r['first_solved'])} | {fmt(r['dip_after_solving'])} | "
+                         f"{fmt(r['largest_fall'])} | {r['env_steps_logged']} |")
+        mean = {key: fmt(float(np.mean([r[key] for r in rows.values()])))
                 for key in ("final", "best", "largest_fall")}
         lines.append(f"| {side} | mean | {mean['final']} | {mean['best']} | | | "
                      f"{mean['largest_fall']} | |")
@@ -209,30 +191,14 @@ def plot(args) -> None:
     if not curves:
         raise SystemExit(f"No runs under {args.runs}/<side>/seed<N>: run them first (--help).")
     x = np.arange(1, settings.steps // args.window + 1) * args.window
-    lines = {}
-    for side, seeds in curves.items():
-        series = np.stack(list(seeds.values()))
-        reached = ~np.isnan(series).any(axis=0)  # windows every seed has reached
-        mean, low, high = stats.curve_band(series[:, reached], reps=2000, seed=0)
-        label = "jaxwm" if side == "jaxwm" else "danijar/dreamerv3"
-        lines[label] = (x[reached], mean, low, high, list(series[:, reached]))
-    os.makedirs(args.results, exist_ok=True)
-    os.makedirs(args.figures, exist_ok=True)
     name = f"dreamer_{settings.task.split('-')[0].lower()}_{args.preset}{args.suffix}"
-    figures.curves({f"{settings.task}, size{settings.size}": lines},
-                   os.path.join(args.figures, f"fidelity_{name}.png"), "env steps",
-                   "training-episode return")
+    save_figure({f"{settings.task}, size{settings.size}": band_lines(curves, x, LABELS)},
+                os.path.join(args.figures, f"fidelity_{name}.png"), "env steps",
+                "training-episode return")
     table = summarise(curves, args.window, args.solved, args.final_windows)
-    with open(os.path.join(args.results, f"{name}.json"), "w") as f:
-        json.dump(dict(settings=dataclasses.asdict(settings), window=args.window,
-                       solved=args.solved, table=table,
-                       curves={s: {k: [None if np.isnan(v) else float(v) for v in c]
-                                   for k, c in seeds.items()} for s, seeds in curves.items()}),
-                  f, indent=1)
-    text = markdown(table, settings, args.window, args.solved)
-    with open(os.path.join(args.results, f"{name}.md"), "w") as f:
-        f.write(text)
-    print(text)
+    save_table(args.results, name, dict(settings=dataclasses.asdict(settings), window=args.window,
+                                        solved=args.solved, table=table),
+               curves, markdown(table, settings, args.window, args.solved))
 
 
 def run(args) -> None:
@@ -240,18 +206,13 @@ def run(args) -> None:
     if args.side == "official" and not (args.official_python and args.src):
         raise SystemExit("--side official needs --official-python and --src "
                          "(benchmarks/fidelity/README.md says how to set them up)")
+    commands = {}
     for seed in args.seeds:
         logdir = os.path.join(args.runs, args.side, f"seed{seed}")
-        if os.path.exists(logdir):
-            raise SystemExit(f"{logdir} exists: move it away or choose another --runs; "
-                             "nothing was overwritten.")
-        command = (jaxwm_command(settings, seed, logdir) if args.side == "jaxwm" else
-                   official_command(settings, seed, logdir, args.official_python, args.src))
-        if args.cpus:  # one process per core: two runs side by side without oversubscription
-            command = ["taskset", "-c", args.cpus, *command]
-        print(" ".join(command), flush=True)
-        if not args.dry_run:
-            subprocess.run(command, check=True, cwd=ROOT)
+        commands[seed] = (logdir, jaxwm_command(settings, seed, logdir) if args.side == "jaxwm"
+                          else official_command(settings, seed, logdir, args.official_python,
+                                                args.src))
+    run_seeds(commands, args.cpus, args.dry_run)
 
 
 def main(argv=None) -> None:

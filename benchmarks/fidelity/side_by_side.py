@@ -1,0 +1,93 @@
+"""What every side-by-side comparison in this folder shares: settings changed on both sides
+at once (``--set key=value``), the runs started one seed after another (pinned to cores so
+that two sides share a machine without oversubscribing it), the curve metrics, and the
+figure with its mean band."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)
+from jaxwm.report import figures, stats  # noqa: E402
+
+RESULTS = os.path.join(ROOT, "benchmarks", "results", "fidelity")
+FIGURES = os.path.join(ROOT, "docs", "figures")
+
+
+def with_overrides(settings, pairs: list[str]):
+    """``settings`` (a frozen dataclass) with ``key=value`` pairs applied, each value cast to
+    the field's type; an unknown key or an empty value stops with the known keys."""
+    fields = {f.name for f in dataclasses.fields(settings)}
+    changes = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if key not in fields or not value:
+            raise SystemExit(f"--set {pair!r}: expected key=value with key one of {sorted(fields)}")
+        changes[key] = type(getattr(settings, key))(value)
+    return dataclasses.replace(settings, **changes)
+
+
+def run_seeds(commands: dict[int, tuple[str, list[str]]], cpus: str | None,
+              dry_run: bool) -> None:
+    """Run ``{seed: (logdir, command)}`` one after another from the repository root; a log
+    folder that exists stops everything before anything runs (nothing is overwritten)."""
+    for logdir, _ in commands.values():
+        if os.path.exists(os.path.join(ROOT, logdir)):
+            raise SystemExit(f"{logdir} exists: move it away or choose another --runs; "
+                             "nothing was overwritten.")
+    for _, command in commands.values():
+        if cpus:  # one process per core: two runs side by side without oversubscription
+            command = ["taskset", "-c", cpus, *command]
+        print(" ".join(command), flush=True)
+        if not dry_run:
+            subprocess.run(command, check=True, cwd=ROOT)
+
+
+def largest_fall(curve: np.ndarray) -> float:
+    """The largest fall of a curve below its best so far: the depth of the worst collapse,
+    whenever it comes (NaN windows, not reached yet, are left out)."""
+    done = curve[~np.isnan(curve)]
+    return float(np.max(np.maximum.accumulate(done) - done)) if len(done) else float("nan")
+
+
+def fmt(x) -> str:
+    if x is None or (isinstance(x, float) and np.isnan(x)):
+        return "-"
+    return f"{x:.0f}" if isinstance(x, float) else str(x)
+
+
+def band_lines(curves: dict, x: np.ndarray, labels: dict) -> dict:
+    """{label: (x, mean, low, high, per-seed curves)} for ``figures.curves``: the mean over
+    seeds with its bootstrap 95% band, over the points every seed of a side has reached."""
+    lines = {}
+    for side, seeds in curves.items():
+        series = np.stack(list(seeds.values()))
+        reached = ~np.isnan(series).any(axis=0)
+        mean, low, high = stats.curve_band(series[:, reached], reps=2000, seed=0)
+        lines[labels[side]] = (x[reached], mean, low, high, list(series[:, reached]))
+    return lines
+
+
+def save_figure(panels: dict, path: str, x_label: str, y_label: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    figures.curves(panels, path, x_label, y_label)
+
+
+def save_table(results: str, name: str, payload: dict, curves: dict, text: str) -> None:
+    """``<name>.json`` (``payload`` and every curve, NaN as null) and ``<name>.md``."""
+    os.makedirs(results, exist_ok=True)
+    as_lists = {side: {seed: [None if np.isnan(v) else float(v) for v in curve]
+                       for seed, curve in seeds.items()} for side, seeds in curves.items()}
+    with open(os.path.join(results, f"{name}.json"), "w") as f:
+        json.dump(dict(payload, curves=as_lists), f, indent=1)
+    with open(os.path.join(results, f"{name}.md"), "w") as f:
+        f.write(text)
+    print(text)
