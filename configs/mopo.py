@@ -17,9 +17,11 @@ learned on pendulum_tiny where 1.0 diverged).
 
 Settings follow OfflineRL-Kit's MOPO (yihaosun1124/OfflineRL-Kit): ensemble 7 / elites 5, 4x200 Swish,
 lr 1e-3, batch 256; rollouts from 50k dataset states, model buffer of 5 rollout batches,
-5% real data; SAC 256x256 with actor 1e-4, critic 3e-4, alpha 1e-4, the kit's actor
-(log-std clamped to [-5, 2], ``sac.log_std=clip``), alpha capped at 1 (``sac.max_alpha``) and
-the actor's lr cosine-annealed to 0 over the policy phase, one step per epoch
+5% real data; SAC 256x256 with actor 1e-4, critic 3e-4, alpha 1e-4, the kit's initial
+weights (torch.nn.Linear's for SAC, ``sac.weight_init=torch``; its EnsembleLinear's for the dynamics,
+``mopo.model_init=kit``), the kit's actor (log-std clamped to [-5, 2],
+``sac.log_std=clip``), alpha capped at 1 (``sac.max_alpha``) and the actor's lr
+cosine-annealed to 0 over the policy phase, one step per epoch
 (``mopo.actor_lr_cosine``); 3000 epochs of 1000 updates; per-dataset horizon / lambda for
 the nine D4RL MuJoCo datasets (variants ``<env>_medium``, ``<env>_medium_replay``,
 ``<env>_medium_expert``; e.g. hopper-medium 5 / 5, halfcheetah-medium 5 / 0.5,
@@ -77,6 +79,7 @@ def get_config(variant: str = "pendulum_tiny") -> ml_collections.ConfigDict:
     m.model_hidden = (200, 200, 200, 200)
     m.weight_decay = (2.5e-5, 5e-5, 7.5e-5, 7.5e-5, 1e-4)
     m.model_lr = 1e-3
+    m.model_init = "kit"  # OfflineRL-Kit's EnsembleLinear init; "flax": nn.Dense's
     m.model_batch = 256
     m.model_patience = 5
     m.horizon = horizon
@@ -88,7 +91,8 @@ def get_config(variant: str = "pendulum_tiny") -> ml_collections.ConfigDict:
     # (OfflineRL-Kit's CosineAnnealingLR); a resume that lengthens the phase stretches it.
     m.actor_lr_cosine = True
     c.mopo = m
-    kit_sac = dict(actor_lr=1e-4, critic_lr=3e-4, alpha_lr=1e-4, log_std="clip", max_alpha=1.0)
+    kit_sac = dict(actor_lr=1e-4, critic_lr=3e-4, alpha_lr=1e-4, log_std="clip", max_alpha=1.0,
+                   weight_init="torch")
     c.sac = sac_block(**kit_sac)
 
     g = ml_collections.ConfigDict()

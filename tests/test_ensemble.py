@@ -51,6 +51,18 @@ def test_logvar_stays_inside_learned_bounds_and_loss_matches_hand_computation():
     np.testing.assert_allclose(loss, want_nll + decay + bounds, rtol=1e-5)
 
 
+def test_kit_init_has_a_quarter_of_flaxs_weight_variance():
+    """OfflineRL-Kit's EnsembleLinear: weights N(0, 1 / (2 sqrt(fan_in))^2), zero biases."""
+    x = jnp.zeros((1, 10))
+    params = ensemble.GaussianMLP(4, (200, 200), weight_init="kit").init(jax.random.PRNGKey(0), x)
+    for name, fan_in in (("layer_0", 10), ("layer_1", 200), ("layer_2", 200)):
+        layer = params["params"][name]
+        assert float(layer["kernel"].std()) == pytest.approx(0.5 / np.sqrt(fan_in), rel=0.1)
+        assert not np.any(np.asarray(layer["bias"]))
+    with pytest.raises(ValueError, match="Unknown ensemble weight_init 'torch'"):
+        ensemble.EnsembleSpec(3, 1, weight_init="torch")
+
+
 def test_training_fits_and_elites_exclude_a_sabotaged_member():
     spec = _spec(batch_size=64)
     rng = np.random.default_rng(0)

@@ -4,6 +4,7 @@ format); the stand-in env that OfflineRL-Kit is given."""
 
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -79,6 +80,28 @@ def test_plot_reads_both_sides_logs(tmp_path):
     assert out["table"]["official"]["2"]["dip_after_solving"] == 500.0
     assert (tmp_path / "fidelity_dreamer_cartpole_cpu.png").stat().st_size > 0
     assert "| official | mean | 500 | 500 |" in (tmp_path / "dreamer_cartpole_cpu.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_dreamer_cartpole_stays_solved_after_first_solving(tmp_path, seed):
+    """Issue 32's bar at the level the measurements support (35-55 min per seed on one core):
+    configs/dreamer.py:cartpole at the fidelity tool's CPU preset, run by the same command
+    as the comparison's jaxwm side. After its first 2,500-step window at >= 475 no window
+    falls below 100 (a random policy scores ~22: the run never falls back to the start), and
+    its last two windows average >= 421, the lowest official seed's final. Measured
+    (benchmarks/results/fidelity/dreamer_cartpole_cpu.md): jaxwm's dips after solving 131,
+    233 and none (seed 3 solves in its last window), finals 478, 500, 478; the official
+    code's dips 362, 377, 339, finals 431, 421, 480. Neither code meets a no-dip bar near
+    475 on these settings, so none is asserted."""
+    settings = fidelity.PRESETS["cpu"]
+    logdir = str(tmp_path / "run")
+    subprocess.run(fidelity.jaxwm_command(settings, seed, logdir), check=True, cwd=ROOT)
+    curve = fidelity.windowed(*fidelity.episode_returns("jaxwm", logdir), 2500, settings.steps)
+    row = fidelity.summarise({"jaxwm": {seed: curve}}, 2500, 475.0, 2)["jaxwm"][seed]
+    print(f"seed {seed}: {row}")
+    assert np.isnan(row["dip_after_solving"]) or row["dip_after_solving"] >= 100, row
+    assert row["final"] >= 421, row
 
 
 # ----------------------------------------------------------------------------- MOPO

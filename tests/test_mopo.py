@@ -143,6 +143,7 @@ def test_gormpo_fits_its_density_once_and_reuses_it(pendulum_random, tmp_path, s
     ({"mopo.num_elites": 9}, "num_elites"),
     ({"sac.batch_size": 0}, "sac.batch_size"),
     ({"sac.log_std": "exp"}, "Unknown sac.log_std 'exp'"),
+    ({"mopo.model_init": "torch"}, r"Unknown mopo.model_init 'torch'; choose one of"),
     ({"env.id": "Hopper-v4"}, "the dataset was made for another env"),
     ({"dataset": "/nonexistent/hopper.hdf5", "dataset_make.level": ""},
      "/nonexistent/hopper.hdf5.*make_dataset --env=Pendulum-v1"),
@@ -169,7 +170,8 @@ def test_the_actor_lr_anneals_over_the_policy_phase_one_step_per_epoch():
     c = jaxwm.config.load(os.path.join(ROOT, "configs/mopo.py:hopper_medium"))
     hyper = mopo.sac_hyper(c)
     assert (hyper.actor_lr_decay_steps, hyper.actor_lr_step_every) == (3000, 1000)
-    assert (hyper.max_alpha, c.sac.log_std) == (1.0, "clip")
+    assert (hyper.max_alpha, c.sac.log_std, c.sac.weight_init, c.mopo.model_init) == (
+        1.0, "clip", "torch", "kit")
     c = jaxwm.config.load(os.path.join(ROOT, "configs/mopo.py:hopper_medium"),
                           {"mopo.actor_lr_cosine": False})
     assert mopo.sac_hyper(c).actor_lr_decay_steps == 0

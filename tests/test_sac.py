@@ -114,6 +114,31 @@ def test_clipped_log_std_is_the_linear_output_clamped_to_the_bounds():
     np.testing.assert_allclose(smooth, -5.0 + 3.5 * (np.tanh(raw) + 1), rtol=1e-5, atol=1e-5)
 
 
+def test_torch_init_is_torch_linears_default():
+    """``weight_init="torch"``: weights and biases uniform in +-1/sqrt(fan_in) (torch.nn.Linear), a
+    third of flax's lecun-normal weight variance; "flax" keeps zero biases."""
+    obs, action = jnp.zeros((1, 3)), jnp.zeros((1, 2))
+    layers = []
+    for module, args in ((sac.TanhGaussianActor(2, (256, 256), weight_init="torch"), (obs,)),
+                         (sac.Critics(2, (256, 256), weight_init="torch"), (obs, action))):
+        params = module.init(jax.random.PRNGKey(0), *args)
+        jax.tree_util.tree_map_with_path(
+            lambda path, x: layers.append(x) if isinstance(x, dict) and "kernel" in x else None,
+            params, is_leaf=lambda x: isinstance(x, dict) and "kernel" in x)
+    assert len(layers) == 4 + 3  # actor: 2 hidden, mean, log-std; critics (vmapped): 3
+    for layer in layers:
+        kernel, bias = np.asarray(layer["kernel"]), np.asarray(layer["bias"])
+        bound = 1 / np.sqrt(kernel.shape[-2])  # fan-in: 3, 5 (obs + action) or 256
+        assert np.abs(kernel).max() <= bound and np.abs(bias).max() <= bound
+        assert np.all(bias != 0)
+        if kernel.size > 1000:
+            assert kernel.std() == pytest.approx(bound / np.sqrt(3), rel=0.05)
+    flax_params = sac.Critics(2, (256, 256)).init(jax.random.PRNGKey(0), obs, action)
+    biases = [x for p, x in jax.tree_util.tree_leaves_with_path(flax_params)
+              if "bias" in jax.tree_util.keystr(p)]
+    assert len(biases) == 3 and not any(np.any(np.asarray(b)) for b in biases)
+
+
 def test_actor_learning_rate_follows_the_stepped_cosine():
     """CosineAnnealingLR(T_max=4) stepped every 10 updates: lr (1 + cos(pi n / 4)) / 2 after n
     steps, constant within a step, 0 from the 40th update on."""
@@ -181,6 +206,8 @@ def test_online_sac_runs_end_to_end(tmp_path):
     ({"sac.learning_starts": 200_000, "total_env_steps": 300_000}, "at most sac.capacity"),
     ({"sac.log_std": "softplus"}, r"Unknown sac.log_std 'softplus'; choose one of"),
     ({"sac.max_alpha": 0.0}, "sac.max_alpha must be positive"),
+    ({"sac.weight_init": "xavier"},
+     r"Unknown sac.weight_init 'xavier'; choose one of \('flax', 'torch'\)"),
 ])
 def test_bad_settings_are_refused(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):

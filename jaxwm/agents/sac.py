@@ -16,7 +16,11 @@ compiled constant). A batch is a dict with ``obs``, ``action`` (env scale), ``re
 ``next_obs`` and ``terminated`` (1 where the episode really ended: no bootstrap; truncation
 bootstraps).
 
-Two parameterisations the reference codes differ on, as switches: the actor's log-std
+Choices the reference codes differ on, as switches: the initial weights (``weight_init``:
+"flax",
+``nn.Dense``'s lecun normal with zero biases; "torch", ``torch.nn.Linear``'s default, weights
+and biases uniform in +-1/sqrt(fan_in), a third of flax's weight variance: OfflineRL-Kit's),
+the actor's log-std
 (``log_std``: "tanh", CleanRL's smooth squash into [-5, 2], starting near std 0.22; "clip",
 OfflineRL-Kit's hard clamp of the linear output, starting near std 1) and the temperature's
 cap (``max_alpha``: OfflineRL-Kit clamps alpha to [0, 1]). The actor's learning rate can be
@@ -52,6 +56,20 @@ from jaxwm.envs.types import ActionBox  # noqa: F401 -- sac.ActionBox for its ca
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # CleanRL's and OfflineRL-Kit's bounds
 LOG_STD_BOUNDS = ("tanh", "clip")  # how the bounds are kept: see the module docstring
+INITS = ("flax", "torch")  # initial weights: see the module docstring
+
+
+def dense(features: int, fan_in: int, init: str = "flax") -> nn.Dense:
+    """A dense layer initialised as ``init`` says (one of INITS)."""
+    if init == "flax":
+        return nn.Dense(features)
+    bound = 1.0 / np.sqrt(fan_in)  # torch.nn.Linear.reset_parameters
+
+    def bias_init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return nn.Dense(features, bias_init=bias_init,
+                    kernel_init=nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform"))
 
 
 class TanhGaussianActor(nn.Module):
@@ -60,14 +78,15 @@ class TanhGaussianActor(nn.Module):
     action_dim: int
     hidden: Sequence[int] = (256, 256)
     log_std: str = "tanh"  # one of LOG_STD_BOUNDS
+    weight_init: str = "flax"  # one of INITS
 
     @nn.compact
     def __call__(self, obs):
         x = obs
         for width in self.hidden:
-            x = nn.relu(nn.Dense(width)(x))
-        mean = nn.Dense(self.action_dim)(x)
-        raw = nn.Dense(self.action_dim)(x)
+            x = nn.relu(dense(width, x.shape[-1], self.weight_init)(x))
+        mean = dense(self.action_dim, x.shape[-1], self.weight_init)(x)
+        raw = dense(self.action_dim, x.shape[-1], self.weight_init)(x)
         if self.log_std == "clip":  # zero gradient outside the bounds, as torch.clamp
             return mean, jnp.clip(raw, LOG_STD_MIN, LOG_STD_MAX)
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (jnp.tanh(raw) + 1)
@@ -76,13 +95,14 @@ class TanhGaussianActor(nn.Module):
 
 class QNetwork(nn.Module):
     hidden: Sequence[int] = (256, 256)
+    weight_init: str = "flax"  # one of INITS
 
     @nn.compact
     def __call__(self, obs, action):
         x = jnp.concatenate([obs, action], -1)
         for width in self.hidden:
-            x = nn.relu(nn.Dense(width)(x))
-        return nn.Dense(1)(x)[..., 0]
+            x = nn.relu(dense(width, x.shape[-1], self.weight_init)(x))
+        return dense(1, x.shape[-1], self.weight_init)(x)[..., 0]
 
 
 class Critics(nn.Module):
@@ -90,12 +110,13 @@ class Critics(nn.Module):
 
     num: int = 2
     hidden: Sequence[int] = (256, 256)
+    weight_init: str = "flax"  # one of INITS
 
     @nn.compact
     def __call__(self, obs, action):
         ensemble = nn.vmap(QNetwork, variable_axes={"params": 0}, split_rngs={"params": True},
                            in_axes=None, out_axes=0, axis_size=self.num)
-        return ensemble(self.hidden)(obs, action)
+        return ensemble(self.hidden, self.weight_init)(obs, action)
 
 
 def squashed_sample(mean, log_std, box: ActionBox, key, temperature=1.0):
@@ -154,9 +175,17 @@ class SACNets:
 
     @classmethod
     def create(cls, box: ActionBox, actor_hidden=(256, 256), critic_hidden=(256, 256),
-               num_critics: int = 2, log_std: str = "tanh") -> SACNets:
-        actor = TanhGaussianActor(int(np.prod(box.low.shape)), tuple(actor_hidden), log_std)
-        return cls(actor, Critics(num_critics, tuple(critic_hidden)), box)
+               num_critics: int = 2, log_std: str = "tanh",
+               weight_init: str = "flax") -> SACNets:
+        actor = TanhGaussianActor(int(np.prod(box.low.shape)), tuple(actor_hidden), log_std,
+                                  weight_init)
+        return cls(actor, Critics(num_critics, tuple(critic_hidden), weight_init), box)
+
+    @classmethod
+    def from_config(cls, box: ActionBox, s) -> SACNets:
+        """From the ``config.sac`` block."""
+        return cls.create(box, s.actor_hidden, s.critic_hidden, log_std=s.log_std,
+                          weight_init=s.weight_init)
 
     def act(self, actor_params, obs, key, temperature=1.0):
         mean, log_std = self.actor.apply(actor_params, obs)
@@ -178,6 +207,7 @@ def config_block(**overrides) -> ml_collections.ConfigDict:
     s.initial_alpha = 1.0
     s.target_entropy = ml_collections.FieldReference(None, field_type=float)  # None: -|A|
     s.log_std = "tanh"  # or "clip" (OfflineRL-Kit): LOG_STD_BOUNDS
+    s.weight_init = "flax"  # or "torch" (OfflineRL-Kit's torch.nn.Linear defaults): INITS
     s.max_alpha = ml_collections.FieldReference(None, field_type=float)  # None: no cap
     s.capacity = 1_000_000
     s.learning_starts = 5_000
@@ -194,6 +224,8 @@ def config_checks(s) -> list[tuple[bool, str]]:
              "sac.tau must be in (0, 1] and sac.gamma in [0, 1]."),
             (s.log_std in LOG_STD_BOUNDS,
              f"Unknown sac.log_std {s.log_std!r}; choose one of {LOG_STD_BOUNDS}."),
+            (s.weight_init in INITS,
+             f"Unknown sac.weight_init {s.weight_init!r}; choose one of {INITS}."),
             (s.max_alpha is None or s.max_alpha > 0,
              "sac.max_alpha must be positive (or None: no cap).")]
 

@@ -106,6 +106,9 @@ def validate(config) -> None:
         (m.num_elites <= m.num_members, "mopo.num_elites must be in [1, num_members]."),
         (0.0 <= m.real_ratio <= 1.0, "mopo.real_ratio must be in [0, 1]."),
         *sac.config_checks(config.sac),
+        (m.model_init in ensemble.KERNEL_INITS,
+         f"Unknown mopo.model_init {m.model_init!r}; choose one of "
+         f"{tuple(ensemble.KERNEL_INITS)}."),
     ]
     require(checks)
     if shape == "inverse" and config.penalty_coef > INVERSE_COEF_WARN:
@@ -131,7 +134,7 @@ def ensemble_spec(config, obs_dim: int, action_dim: int) -> ensemble.EnsembleSpe
     m = config.mopo
     return ensemble.EnsembleSpec(obs_dim, action_dim, m.num_members, m.num_elites,
                                  tuple(m.model_hidden), tuple(m.weight_decay), m.model_lr,
-                                 m.model_batch)
+                                 m.model_batch, weight_init=m.model_init)
 
 
 def density_spec(config, dim: int) -> realnvp.DensitySpec:
@@ -280,7 +283,7 @@ def build(config) -> Algorithm:
     obs_dim, action_dim = dataset.obs_dim, dataset.action_dim
     terminated_fn = termination.termination_fn(config.env.id)
     model_spec = ensemble_spec(config, obs_dim, action_dim)
-    nets = sac.SACNets.create(box, s.actor_hidden, s.critic_hidden, log_std=s.log_std)
+    nets = sac.SACNets.from_config(box, s)
     policy = sac.policy(nets)
     hyper = sac_hyper(config)
     shape, coef = penalty_shape(config), float(config.penalty_coef)

@@ -75,7 +75,7 @@ def build(config) -> Algorithm:
     s = config.sac
     obs_dim = env.spec.obs_shape[0]
     box = sac.ActionBox(np.asarray(env.spec.action_low), np.asarray(env.spec.action_high))
-    nets = sac.SACNets.create(box, s.actor_hidden, s.critic_hidden, log_std=s.log_std)
+    nets = sac.SACNets.from_config(box, s)
     hyper = sac.SACHyper.from_config(s)
     mesh = parallel.data_mesh(config.num_devices or None)
     num_updates = updates_per_collect(config)

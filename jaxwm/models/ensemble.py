@@ -18,6 +18,10 @@ model-based RL"):
   5 epochs without any (``jaxwm.models.patience``); the elites are the members with the
   lowest snapshot MSE, and predictions use the snapshots.
 
+Initial weights (``EnsembleSpec.weight_init``): "flax" (``nn.Dense``'s lecun normal, zero bias) or
+"kit" (OfflineRL-Kit's ``EnsembleLinear``: normal with std 1 / (2 sqrt(fan_in)), a quarter of
+flax's variance, zero bias; configs/mopo.py's default).
+
 Deviations, for a vmapped implementation: every member has its own log-variance bounds (one
 member = one independent network, so the whole ensemble is one ``vmap``); elites are chosen
 by the snapshots' own held-out losses rather than by the last epoch's.
@@ -42,6 +46,8 @@ from jaxwm.models.patience import Patience, observe
 
 WEIGHT_DECAY = (2.5e-5, 5e-5, 7.5e-5, 7.5e-5, 1e-4)
 LOGVAR_LOSS_COEF = 0.01
+KERNEL_INITS = {"flax": nn.linear.default_kernel_init,
+                "kit": nn.initializers.variance_scaling(0.25, "fan_in", "normal")}
 
 
 class GaussianMLP(nn.Module):
@@ -49,12 +55,15 @@ class GaussianMLP(nn.Module):
 
     out_dim: int
     hidden: Sequence[int] = (200, 200, 200, 200)
+    weight_init: str = "flax"  # a key of KERNEL_INITS
 
     @nn.compact
     def __call__(self, x):
+        kernel_init = KERNEL_INITS[self.weight_init]
         for i, width in enumerate(self.hidden):
-            x = nn.swish(nn.Dense(width, name=f"layer_{i}")(x))
-        out = nn.Dense(2 * self.out_dim, name=f"layer_{len(self.hidden)}")(x)
+            x = nn.swish(nn.Dense(width, kernel_init=kernel_init, name=f"layer_{i}")(x))
+        out = nn.Dense(2 * self.out_dim, kernel_init=kernel_init,
+                       name=f"layer_{len(self.hidden)}")(x)
         mean, logvar = jnp.split(out, 2, -1)
         max_logvar = self.param("max_logvar", nn.initializers.constant(0.5), (self.out_dim,))
         min_logvar = self.param("min_logvar", nn.initializers.constant(-10.0), (self.out_dim,))
@@ -74,6 +83,7 @@ class EnsembleSpec:
     learning_rate: float = 1e-3
     batch_size: int = 256
     min_improvement: float = 0.01
+    weight_init: str = "flax"  # a key of KERNEL_INITS
 
     def __post_init__(self):
         if not 0 < self.num_elites <= self.num_members:
@@ -82,10 +92,13 @@ class EnsembleSpec:
         if len(self.weight_decay) != len(self.hidden) + 1:
             raise ValueError(f"weight_decay needs one value per layer ({len(self.hidden) + 1}), "
                              f"got {len(self.weight_decay)}.")
+        if self.weight_init not in KERNEL_INITS:
+            raise ValueError(f"Unknown ensemble weight_init {self.weight_init!r}; choose one "
+                             f"of {tuple(KERNEL_INITS)}.")
 
     @property
     def member(self) -> GaussianMLP:
-        return GaussianMLP(self.obs_dim + 1, self.hidden)
+        return GaussianMLP(self.obs_dim + 1, self.hidden, self.weight_init)
 
     @property
     def optimizer(self):

@@ -241,9 +241,7 @@ def make(env_id: str, level: str, out: str, size: int = 1_000_000, train_steps: 
 
             def policy_for(spec):  # SAC's sampled actions (temperature 1)
                 box = sac.ActionBox(np.asarray(spec.action_low), np.asarray(spec.action_high))
-                return sac.policy(sac.SACNets.create(box, config.sac.actor_hidden,
-                                                     config.sac.critic_hidden,
-                                                     log_std=config.sac.log_std))
+                return sac.policy(sac.SACNets.from_config(box, config.sac))
 
             return rollout(env_config, policy_for, state.learner, size, num_envs,
                            rollout_seed, desc)[0]
