@@ -103,7 +103,9 @@ def get_config(variant: str = "pendulum_tiny") -> ml_collections.ConfigDict:
     g.max_epochs = 60
     g.patience = 15
     g.threshold_quantile = 0.05
-    g.score_next_state = False  # True: the reference's (predicted s', a) instead of (s, a)
+    # True: the reference's (predicted s', a) instead of (s, a), the density then fit on the
+    # dataset's (s', a) rows as the reference's is.
+    g.score_next_state = False
     g.cache_dir = "~/.cache/jaxwm/density"
     g.density_seed = 0  # one density per dataset, shared by every seed and run
     c.gormpo = g

@@ -136,6 +136,28 @@ def test_gormpo_fits_its_density_once_and_reuses_it(pendulum_random, tmp_path, s
     assert sorted(os.listdir(tmp_path / "density")) == [cached[0], cached[0] + ".unreadable"]
 
 
+def test_a_density_that_scores_next_states_is_fit_on_next_states(pendulum_random, tmp_path):
+    """gormpo.score_next_state: GORMPO's code scores (predicted s', a) with a RealNVP fit on
+    the dataset's (s', a) rows. On a copy of the data whose next states are shifted by +5,
+    the density's input scaler shows which rows it saw."""
+    import shutil
+
+    import h5py
+
+    shifted = str(tmp_path / "shifted.hdf5")
+    shutil.copy(pendulum_random, shifted)
+    with h5py.File(shifted, "r+") as f:
+        f["next_observations"][...] = f["next_observations"][()] + 5.0
+    obs_mean = datasets.load_dataset(pendulum_random).transitions["obs"].mean(0)
+    for score_next, offset in ((False, 0.0), (True, 5.0)):
+        config = mopo_config(shifted, tmp_path, algo="gormpo", penalty="linear",
+                             **{"gormpo.score_next_state": score_next})
+        algo = mopo.build(config)
+        state_mean = np.asarray(algo.data["density"]["scaler"].mean)[:3]
+        np.testing.assert_allclose(state_mean, obs_mean + offset, atol=0.3)
+        algo.close()
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"algo": "gormpo", "penalty": "square"},
      r"Unknown penalty 'square' for gormpo; valid: \['linear', 'inverse', 'tanh', 'softplus'\]"),

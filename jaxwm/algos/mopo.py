@@ -144,7 +144,7 @@ def density_spec(config, dim: int) -> realnvp.DensitySpec:
 
 
 def fit_density(config, x: np.ndarray) -> tuple[realnvp.DensitySpec, dict, Normalizer, float]:
-    """GORMPO's RealNVP on the dataset's (s, a) ``x``: loaded from the cache when a model for
+    """GORMPO's RealNVP on the dataset's (s, a) or (s', a) rows ``x``: loaded from the cache when a model for
     the same data, settings and ``gormpo.density_seed`` is there; otherwise trained (a
     progress bar per epoch) and saved. One density per dataset, shared by every seed of a run
     and by every run on it (it describes the data, not an agent). Returns (spec, params of
@@ -309,8 +309,11 @@ def build(config) -> Algorithm:
         arrays["obs"][sp["train"]], arrays["action"][sp["train"]]))) for sp in splits])
     data = {"model_split": parallel.replicate(jax.tree.map(jnp.asarray, split), mesh)}
     if config.algo == "gormpo":
-        x = np.concatenate([arrays["obs"], arrays["action"]], 1)
-        d_spec, d_params, d_scaler, tau = fit_density(config, x)
+        # The density describes the rows it scores: (s', a) where the penalty scores the
+        # predicted next state (GORMPO's code fits its RealNVP on next_observations), else (s, a).
+        states = arrays["next_obs"] if config.gormpo.score_next_state else arrays["obs"]
+        d_spec, d_params, d_scaler, tau = fit_density(
+            config, np.concatenate([states, arrays["action"]], 1))
         data["density"] = parallel.replicate({"params": d_params, "scaler": d_scaler,
                                               "tau": jnp.float32(tau)}, mesh)
 
