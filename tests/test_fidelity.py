@@ -162,10 +162,13 @@ def test_mopo_plot_reads_both_sides_logs(tmp_path):
     assert out["table"]["offlinerlkit"]["1"]["largest_fall"] == 200.0
     assert out["curves"]["jaxwm"]["1"] == [-899.0, -799.0, -699.0]
     assert (tmp_path / "fidelity_mopo_pendulum_medium.png").stat().st_size > 0
-    mopo_fidelity.main(plot + ["--set", "env=Hopper-v4", "--suffix", "_hopper"])
+    mopo_fidelity.main(plot + ["--set", "env=Hopper-v4", "--suffix", "_hopper",
+                               "--also-jaxwm", "before=" + str(runs / "mopo" / "jaxwm")])
     out = json.loads((tmp_path / "mopo_pendulum_medium_hopper.json").read_text())
     low, high = out["reference"]  # D4RL's hopper returns, both sides normalised alike
     assert out["curves"]["offlinerlkit"]["1"][1] == pytest.approx(100 * (-300 - low) / (high - low))
+    assert out["curves"]["before"] == out["curves"]["jaxwm"]  # a third side, read as jaxwm's
+    assert "| before | mean |" in (tmp_path / "mopo_pendulum_medium_hopper.md").read_text()
 
 
 def test_the_kits_env_stand_in_speaks_the_old_gym_api_and_d4rl(tmp_path):

@@ -175,7 +175,7 @@ def summarise(curves: dict, final_epochs: int) -> dict:
     return table
 
 
-def markdown(table: dict, s: Settings, final_epochs: int, ref) -> str:
+def markdown(table: dict, s: Settings, final_epochs: int, ref, labels: dict) -> str:
     unit = (f"normalised score 100 (R - {ref[0]:.1f}) / ({ref[1]:.1f} - {ref[0]:.1f}) of the "
             "mean return R" if ref else "mean return")
     lines = [
@@ -188,11 +188,11 @@ def markdown(table: dict, s: Settings, final_epochs: int, ref) -> str:
         "| side | seed | final | best | fall | epochs |", "|---|---|---|---|---|---|"]
     for side, rows in table.items():
         for seed, r in sorted(rows.items()):
-            lines.append(f"| {LABELS[side]} | {seed} | {fmt(r['final'])} | {fmt(r['best'])} | "
+            lines.append(f"| {labels[side]} | {seed} | {fmt(r['final'])} | {fmt(r['best'])} | "
                          f"{fmt(r['largest_fall'])} | {r['epochs_logged']} |")
         mean = {k: fmt(float(np.mean([r[k] for r in rows.values()])))
                 for k in ("final", "best", "largest_fall")}
-        lines.append(f"| {LABELS[side]} | mean | {mean['final']} | {mean['best']} | "
+        lines.append(f"| {labels[side]} | mean | {mean['final']} | {mean['best']} | "
                      f"{mean['largest_fall']} | |")
     return "\n".join(lines) + "\n"
 
@@ -202,12 +202,19 @@ def plot(args) -> None:
     ref = reference(s)
     unit = "normalised score" if ref else "return"
     score = (lambda r: normalized_score(r, ref)) if ref else (lambda r: r)
+    labels, folders = dict(LABELS), {side: os.path.join(args.runs, s.algo, side)
+                                     for side in SIDES}
+    for extra in args.also_jaxwm:  # e.g. a run of jaxwm's code before a fix
+        label, _, folder = extra.partition("=")
+        if not folder:
+            raise SystemExit(f"--also-jaxwm {extra!r}: expected LABEL=FOLDER")
+        labels[label], folders[label] = label, folder
     curves = {}
-    for side in SIDES:
+    for side, folder in folders.items():
         for seed in args.seeds:
-            logdir = os.path.join(args.runs, s.algo, side, f"seed{seed}")
+            logdir = os.path.join(folder, f"seed{seed}")
             if os.path.isdir(logdir):
-                updates, returns = eval_returns(side, logdir)
+                updates, returns = eval_returns(side if side in SIDES else "jaxwm", logdir)
                 curves.setdefault(side, {})[seed] = on_epochs(updates, score(returns), s)
     if not curves:
         raise SystemExit(f"No runs under {args.runs}/{s.algo}/<side>/seed<N>: run them first "
@@ -215,13 +222,13 @@ def plot(args) -> None:
     x = np.arange(1, s.epochs + 1) * s.updates_per_epoch
     name = f"{s.algo}_{s.task.replace('-', '_')}{args.suffix}"
     title = "MOPO" if s.algo == "mopo" else "GORMPO (linear density penalty)"
-    save_figure({f"{title}, {s.task} ({s.env})": band_lines(curves, x, LABELS)},
+    save_figure({f"{title}, {s.task} ({s.env})": band_lines(curves, x, labels)},
                 os.path.join(args.figures, f"fidelity_{name}.png"), "SAC updates",
                 f"evaluation {unit}")
     table = summarise(curves, args.final_epochs)
     save_table(args.results, name, dict(settings=dataclasses.asdict(s), unit=unit,
                                         reference=ref, table=table),
-               curves, markdown(table, s, args.final_epochs, ref))
+               curves, markdown(table, s, args.final_epochs, ref, labels))
 
 
 def run(args) -> None:
@@ -266,6 +273,8 @@ def main(argv=None) -> None:
     r.add_argument("--cpus", help="pin the runs to these cores (taskset -c)")
     q = sub.choices["plot"]
     q.add_argument("--final-epochs", type=int, default=5)
+    q.add_argument("--also-jaxwm", action="append", default=[], metavar="LABEL=FOLDER",
+                   help="plot jaxwm runs from FOLDER/seed<N> too, e.g. before a fix")
     q.add_argument("--suffix", default="", help="appended to the output files' names")
     q.add_argument("--results", default=RESULTS, help="where the table goes (JSON, markdown)")
     q.add_argument("--figures", default=FIGURES, help="where the figure goes")
