@@ -221,7 +221,7 @@ def plot(args) -> None:
                          "(--help).")
     x = np.arange(1, s.epochs + 1) * s.updates_per_epoch
     name = f"{s.algo}_{s.task.replace('-', '_')}{args.suffix}"
-    title = "MOPO" if s.algo == "mopo" else "GORMPO (linear density penalty)"
+    title = "MOPO" if s.algo == "mopo" else "GORMPO, linear penalty"
     save_figure({f"{title}, {s.task} ({s.env})": band_lines(curves, x, labels)},
                 os.path.join(args.figures, f"fidelity_{name}.png"), "SAC updates",
                 f"evaluation {unit}")
