@@ -18,11 +18,11 @@ learned on pendulum_tiny where 1.0 diverged).
 Settings follow OfflineRL-Kit's MOPO (yihaosun1124/OfflineRL-Kit): ensemble 7 / elites 5, 4x200 Swish,
 lr 1e-3, batch 256; rollouts from 50k dataset states, model buffer of 5 rollout batches,
 5% real data; SAC 256x256 with actor 1e-4, critic 3e-4, alpha 1e-4, the kit's initial
-weights (torch.nn.Linear's for SAC, ``sac.weight_init=torch``; its EnsembleLinear's for the dynamics,
-``mopo.model_init=kit``), the kit's actor (log-std clamped to [-5, 2],
+weights (torch.nn.Linear's for SAC, ``sac.weight_init=torch``; its EnsembleLinear's for the
+dynamics, ``mopo.model_init=kit``), the kit's actor (log-std clamped to [-5, 2],
 ``sac.log_std=clip``), alpha capped at 1 (``sac.max_alpha``) and the actor's lr
-cosine-annealed to 0 over the policy phase, one step per epoch
-(``mopo.actor_lr_cosine``); 3000 epochs of 1000 updates; per-dataset horizon / lambda for
+cosine-annealed to 0 over the policy phase, one step per epoch (``mopo.actor_lr_cosine``);
+3000 epochs of 1000 updates; per-dataset horizon / lambda for
 the nine D4RL MuJoCo datasets (variants ``<env>_medium``, ``<env>_medium_replay``,
 ``<env>_medium_expert``; e.g. hopper-medium 5 / 5, halfcheetah-medium 5 / 0.5,
 walker2d-medium-replay 1 / 2.5).

@@ -17,15 +17,14 @@ compiled constant). A batch is a dict with ``obs``, ``action`` (env scale), ``re
 bootstraps).
 
 Choices the reference codes differ on, as switches: the initial weights (``weight_init``:
-"flax",
-``nn.Dense``'s lecun normal with zero biases; "torch", ``torch.nn.Linear``'s default, weights
-and biases uniform in +-1/sqrt(fan_in), a third of flax's weight variance: OfflineRL-Kit's),
-the actor's log-std
-(``log_std``: "tanh", CleanRL's smooth squash into [-5, 2], starting near std 0.22; "clip",
-OfflineRL-Kit's hard clamp of the linear output, starting near std 1) and the temperature's
-cap (``max_alpha``: OfflineRL-Kit clamps alpha to [0, 1]). The actor's learning rate can be
-cosine-annealed to zero (``actor_lr_decay_steps`` schedule steps of ``actor_lr_step_every``
-updates each: OfflineRL-Kit's ``CosineAnnealingLR`` stepped once per epoch).
+"flax", ``nn.Dense``'s lecun normal with zero biases; "torch", ``torch.nn.Linear``'s default,
+weights and biases uniform in +-1/sqrt(fan_in), a third of flax's weight variance:
+OfflineRL-Kit's), the actor's log-std (``log_std``: "tanh", CleanRL's smooth squash into
+[-5, 2], starting near std 0.22; "clip", OfflineRL-Kit's hard clamp of the linear output,
+starting near std 1) and the temperature's cap (``max_alpha``: OfflineRL-Kit clamps alpha to
+[0, 1]). The actor's learning rate can be cosine-annealed to zero (``actor_lr_decay_steps``
+schedule steps of ``actor_lr_step_every`` updates each: OfflineRL-Kit's ``CosineAnnealingLR``
+stepped once per epoch).
 
 Actions: the actor's tanh output in [-1, 1] is mapped affinely onto the env's [low, high]
 box, and the log-probability includes that map's log-determinant (CleanRL's

@@ -18,9 +18,9 @@ model-based RL"):
   5 epochs without any (``jaxwm.models.patience``); the elites are the members with the
   lowest snapshot MSE, and predictions use the snapshots.
 
-Initial weights (``EnsembleSpec.weight_init``): "flax" (``nn.Dense``'s lecun normal, zero bias) or
-"kit" (OfflineRL-Kit's ``EnsembleLinear``: normal with std 1 / (2 sqrt(fan_in)), a quarter of
-flax's variance, zero bias; configs/mopo.py's default).
+Initial weights (``EnsembleSpec.weight_init``): "flax" (``nn.Dense``'s lecun normal, zero
+bias) or "kit" (OfflineRL-Kit's ``EnsembleLinear``: normal with std 1 / (2 sqrt(fan_in)), a
+quarter of flax's variance, zero bias; configs/mopo.py's default).
 
 Deviations, for a vmapped implementation: every member has its own log-variance bounds (one
 member = one independent network, so the whole ensemble is one ``vmap``); elites are chosen
