@@ -20,17 +20,15 @@ benchmarks/fidelity/README.md.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
 
 import numpy as np
 from side_by_side import (
-    FIGURES,
     HERE,
-    RESULTS,
     band_lines,
+    command_line,
     fmt,
     largest_fall,
     run_seeds,
@@ -216,32 +214,13 @@ def run(args) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    sub = p.add_subparsers(dest="command", required=True)
-    for name in ("run", "plot"):
-        q = sub.add_parser(name)
-        q.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-        q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="change one setting on both sides, e.g. --set lr=1e-4")
-        q.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-        q.add_argument("--runs", default=RUNS, help=f"log folders' parent (default {RUNS})")
-    r = sub.choices["run"]
-    r.add_argument("--side", choices=SIDES, required=True)
+    p, r, q = command_line(__doc__, PRESETS, "cpu", RUNS, SIDES, "lr=1e-4")
     r.add_argument("--official-python", help="the official code's Python (its own venv)")
     r.add_argument("--src", help="a checkout of danijar/dreamerv3")
-    r.add_argument("--dry-run", action="store_true", help="print the commands only")
-    r.add_argument("--cpus", help="pin the runs to these cores (taskset -c), e.g. 0: two "
-                                  "sides at once on 2 cores, one core each")
-    q = sub.choices["plot"]
     q.add_argument("--window", type=int, default=2500, help="env steps per averaging window")
     q.add_argument("--solved", type=float, default=475.0,
                    help="CartPole-v1's own threshold for solved")
     q.add_argument("--final-windows", type=int, default=2)
-    q.add_argument("--suffix", default="", help="appended to the output files' names")
-    q.add_argument("--results", default=RESULTS, help="where the table goes (JSON, markdown)")
-    q.add_argument("--figures", default=FIGURES, help="where the figure goes")
     args = p.parse_args(argv)
     (run if args.command == "run" else plot)(args)
 

@@ -26,7 +26,6 @@ benchmarks/fidelity/README.md.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import glob
@@ -35,10 +34,9 @@ import sys
 
 import numpy as np
 from side_by_side import (
-    FIGURES,
     HERE,
-    RESULTS,
     band_lines,
+    command_line,
     fmt,
     largest_fall,
     run_seeds,
@@ -253,31 +251,13 @@ def run(args) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    sub = p.add_subparsers(dest="command", required=True)
-    for name in ("run", "plot"):
-        q = sub.add_parser(name)
-        q.add_argument("--preset", choices=sorted(PRESETS), default="pendulum")
-        q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="change one setting on both sides, e.g. --set epochs=30")
-        q.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-        q.add_argument("--runs", default=RUNS, help=f"log folders' parent (default {RUNS})")
-    r = sub.choices["run"]
-    r.add_argument("--side", choices=SIDES, required=True)
+    p, r, q = command_line(__doc__, PRESETS, "pendulum", RUNS, SIDES, "epochs=30")
     r.add_argument("--kit-python", help="OfflineRL-Kit's Python (its own venv, with torch)")
     r.add_argument("--src", help="a checkout of OfflineRL-Kit")
     r.add_argument("--gormpo-src", help="a checkout of aysintumay/GORMPO (--set algo=gormpo)")
-    r.add_argument("--dry-run", action="store_true", help="print the commands only")
-    r.add_argument("--cpus", help="pin the runs to these cores (taskset -c)")
-    q = sub.choices["plot"]
     q.add_argument("--final-epochs", type=int, default=5)
     q.add_argument("--also-jaxwm", action="append", default=[], metavar="LABEL=FOLDER",
                    help="plot jaxwm runs from FOLDER/seed<N> too, e.g. before a fix")
-    q.add_argument("--suffix", default="", help="appended to the output files' names")
-    q.add_argument("--results", default=RESULTS, help="where the table goes (JSON, markdown)")
-    q.add_argument("--figures", default=FIGURES, help="where the figure goes")
     args = p.parse_args(argv)
     (run if args.command == "run" else plot)(args)
 

@@ -5,6 +5,7 @@ figure with its mean band."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -91,3 +92,30 @@ def save_table(results: str, name: str, payload: dict, curves: dict, text: str) 
     with open(os.path.join(results, f"{name}.md"), "w") as f:
         f.write(text)
     print(text)
+
+
+def command_line(doc: str, presets: dict, default_preset: str, runs: str, sides: tuple,
+                 set_example: str):
+    """The ``run`` / ``plot`` command line every comparison shares: (parser, run's subparser,
+    plot's subparser), each tool adding its own options to the two subparsers."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=doc.split("\n\n", 1)[1])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in ("run", "plot"):
+        q = sub.add_parser(name)
+        q.add_argument("--preset", choices=sorted(presets), default=default_preset)
+        q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help=f"change one setting on both sides, e.g. --set {set_example}")
+        q.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+        q.add_argument("--runs", default=runs, help=f"log folders' parent (default {runs})")
+    r = sub.choices["run"]
+    r.add_argument("--side", choices=sides, required=True)
+    r.add_argument("--dry-run", action="store_true", help="print the commands only")
+    r.add_argument("--cpus", help="pin the runs to these cores (taskset -c), e.g. 0: two "
+                                  "sides at once on 2 cores, one core each")
+    q = sub.choices["plot"]
+    q.add_argument("--suffix", default="", help="appended to the output files' names")
+    q.add_argument("--results", default=RESULTS, help="where the table goes (JSON, markdown)")
+    q.add_argument("--figures", default=FIGURES, help="where the figure goes")
+    return p, r, q
