@@ -77,10 +77,14 @@ def test_training_lowers_validation_nll_and_sets_the_5_percent_threshold():
 def test_penalty_shapes_on_known_inputs():
     tau = 1.0
     logp = jnp.array([2.0, 1.0, 0.0, -1.0, -2.0, -3.0, -100.0])
-    # linear: tau - logp clipped at 0, capped at Tukey's fence of the positive values
-    # (1, 2, 3, 4, 101 -> Q1 2, Q3 4, fence 4 + 1.5 * 2 = 7).
+    # linear: tau - logp clipped at 0, capped at Tukey's fence of all of tau - logp, as
+    # GORMPO's code (-1, 0, 1, 2, 3, 4, 101 -> Q1 0.5, Q3 3.5, fence 3.5 + 1.5 * 3 = 8).
     np.testing.assert_allclose(realnvp.penalty("linear", logp, tau),
-                               [0, 0, 1, 2, 3, 4, 7], atol=1e-6)
+                               [0, 0, 1, 2, 3, 4, 8], atol=1e-6)
+    # Every sample well inside the data (tau - logp = -4..-7, fence -2.5): no penalty, where
+    # the code's np.clip(x, 0, -2.5) would give every sample a bonus of 2.5.
+    inside = jnp.array([5.0, 6.0, 7.0, 8.0])
+    np.testing.assert_allclose(realnvp.penalty("linear", inside, tau), 0.0)
     inv = realnvp.penalty("inverse", logp[:4], tau)
     np.testing.assert_allclose(inv, [0, 0, np.e / (1 + 1e-6), np.e / (np.exp(-1) + 1e-6)],
                                rtol=1e-5)

@@ -11,8 +11,8 @@ patience 15, split 0.6 / 0.2 / 0.2; inputs standardised with the training split'
 GORMPO's threshold ``tau`` is the 5% quantile of the validation log-probabilities, and the
 penalty shapes (``penalty``) turn a log-probability into a non-negative reward penalty:
 
-* ``linear``: ``clip(tau - logp, 0, Q3 + 1.5 IQR)``, the cap being Tukey's upper fence of the
-  positive ``tau - logp`` in the batch (so a few far-out samples do not swamp it);
+* ``linear``: ``clip(tau - logp, 0, Q3 + 1.5 IQR)``, the cap being Tukey's upper fence of
+  ``tau - logp`` over the batch, as GORMPO's code takes it (see ``penalty``);
 * ``inverse``: ``e^tau / (e^logp + 1e-6)`` where ``logp < tau``, else 0;
 * ``tanh``: ``max(0, tanh(0.1 (tau - logp)))``;
 * ``softplus``: ``log(1 + e^-logp)`` (computed as ``softplus(-logp)``, which does not
@@ -105,14 +105,17 @@ class RealNVP(nn.Module):
 
 
 def penalty(shape: str, log_prob, tau):
-    """GORMPO's penalty of the given shape for log-probabilities ``log_prob`` [B]."""
+    """GORMPO's penalty of the given shape for log-probabilities ``log_prob`` [B].
+
+    The linear shape's cap ``Q3 + 1.5 IQR`` is Tukey's upper fence of all of ``tau - logp``
+    in the batch, as GORMPO's ``TransitionModel._return_kde_penalty`` takes it
+    (``np.percentile`` over the whole batch). Where the fence is negative (every sample well
+    inside the data) the code's ``np.clip(x, 0, cap)`` returns ``cap`` for every sample, a
+    bonus; here the cap is floored at 0, so such a batch is not penalised."""
     if shape == "linear":
-        raw = jnp.maximum(tau - log_prob, 0.0)
-        positive = raw > 0
-        # Tukey's upper fence over the positive values only (NaN-free when none are).
-        q1, q3 = (jnp.nanpercentile(jnp.where(positive, raw, jnp.nan), q) for q in (25, 75))
-        cap = jnp.where(jnp.any(positive), q3 + 1.5 * (q3 - q1), 0.0)
-        return jnp.minimum(raw, cap)
+        raw = tau - log_prob
+        q1, q3 = jnp.percentile(raw, 25), jnp.percentile(raw, 75)
+        return jnp.clip(raw, 0.0, jnp.maximum(q3 + 1.5 * (q3 - q1), 0.0))
     if shape == "inverse":
         return jnp.where(log_prob < tau, jnp.exp(tau) / (jnp.exp(log_prob) + 1e-6), 0.0)
     if shape == "tanh":
