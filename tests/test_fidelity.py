@@ -13,6 +13,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks", "fidelity"))
 import dreamer as fidelity  # noqa: E402
+import gormpo_density_probe  # noqa: E402
 import mopo as mopo_fidelity  # noqa: E402
 import mopo_offlinerlkit  # noqa: E402
 
@@ -133,6 +134,10 @@ def test_mopo_both_sides_get_the_same_settings():
     assert (ours["algo"], ours["penalty"], ours["gormpo.score_next_state"]) == (
         "gormpo", "linear", "True")  # GORMPO scores the predicted next state, as its code
     assert command[command.index("--gormpo-src") + 1] == "gormpo"
+    # jaxwm-only settings (GORMPO's code's density) reach jaxwm's command, after the shared ones
+    extra = mopo_fidelity.jaxwm_command(g, 3, "runs/x", ["gormpo.threshold_quantile=0.01"])
+    assert extra[-1] == "--config.gormpo.threshold_quantile=0.01"
+    assert _flags(extra, "--config.")["gormpo.threshold_quantile"] == "0.01"
 
 
 def test_mopo_plot_reads_both_sides_logs(tmp_path):
@@ -196,3 +201,33 @@ def test_the_kits_env_stand_in_speaks_the_old_gym_api_and_d4rl(tmp_path):
     assert set(env.get_dataset()) >= {"observations", "timeouts", "next_observations"}
     # The kit logs 100 x this as its "normalized" column: the raw return, normalised later.
     assert env.get_normalized_score(-250.0) * 100 == pytest.approx(-250.0)
+
+
+def test_the_density_probes_are_the_runs_rows_with_noise(tmp_path):
+    """Both sides of gormpo_density_probe.py score the same rows: the (s', a) rows the runs
+    fit on (timeout-final steps dropped), drawn with a fixed seed; action noise stays in the
+    dataset's action range, state noise leaves the actions alone."""
+    import h5py
+
+    n = 6000
+    rng = np.random.default_rng(1)
+    path = str(tmp_path / "d.hdf5")
+    with h5py.File(path, "w") as f:
+        f["next_observations"] = rng.normal(size=(n, 3)).astype(np.float32)
+        f["actions"] = rng.uniform(-2, 2, size=(n, 1)).astype(np.float32)
+        f["timeouts"] = np.arange(n) % 200 == 199
+    rows, obs_dim = gormpo_density_probe.dataset_rows(path)
+    assert (rows.shape, obs_dim) == ((n - 30, 4), 3)
+    probes = gormpo_density_probe.probes(rows, obs_dim)
+    again = gormpo_density_probe.probes(rows, obs_dim)
+    assert all(np.array_equal(probes[k], again[k]) for k in probes)
+    base = probes["dataset rows"]
+    assert base.shape == (5000, 4) and len(np.unique(base, axis=0)) == 5000
+    for std in gormpo_density_probe.ACTION_NOISE:
+        noisy = probes[f"action noise {std}"]
+        np.testing.assert_array_equal(noisy[:, :3], base[:, :3])
+        assert noisy[:, 3].min() >= rows[:, 3].min() and noisy[:, 3].max() <= rows[:, 3].max()
+        assert 0.5 * std < np.std(noisy[:, 3] - base[:, 3]) < std
+    state = probes["next-state noise 0.1"]
+    np.testing.assert_array_equal(state[:, 3:], base[:, 3:])
+    assert 0.09 < np.std(state[:, :3] - base[:, :3]) < 0.11

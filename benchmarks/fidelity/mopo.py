@@ -31,6 +31,7 @@ import dataclasses
 import glob
 import os
 import sys
+from collections.abc import Sequence
 
 import numpy as np
 from side_by_side import (
@@ -89,7 +90,9 @@ PRESETS = {
 }
 
 
-def jaxwm_command(s: Settings, seed: int, logdir: str) -> list[str]:
+def jaxwm_command(s: Settings, seed: int, logdir: str, extra: Sequence[str] = ()) -> list[str]:
+    """jaxwm's command for ``s``; ``extra`` ("key=value") sets jaxwm config keys beyond the
+    shared settings, e.g. GORMPO's code's density choices (benchmarks/fidelity/README.md)."""
     flags = {
         "seed": seed, "env.id": s.env, "dataset": s.dataset, "mopo.horizon": s.horizon,
         "penalty_coef": s.penalty_coef, "mopo.rollout_batch": s.rollout_batch,
@@ -102,7 +105,8 @@ def jaxwm_command(s: Settings, seed: int, logdir: str) -> list[str]:
     if s.algo == "gormpo":
         flags.update({"algo": "gormpo", "penalty": "linear", "gormpo.score_next_state": True})
     return [sys.executable, "-m", "jaxwm.train", "--config=configs/mopo.py:pendulum_tiny",
-            f"--workdir={logdir}", *(f"--config.{k}={v}" for k, v in flags.items())]
+            f"--workdir={logdir}", *(f"--config.{k}={v}" for k, v in flags.items()),
+            *(f"--config.{kv}" for kv in extra)]
 
 
 def kit_command(s: Settings, seed: int, logdir: str, python: str, src: str,
@@ -244,7 +248,8 @@ def run(args) -> None:
     commands = {}
     for seed in args.seeds:
         logdir = os.path.join(args.runs, s.algo, args.side, f"seed{seed}")
-        commands[seed] = (logdir, jaxwm_command(s, seed, logdir) if args.side == "jaxwm" else
+        commands[seed] = (logdir, jaxwm_command(s, seed, logdir, args.jaxwm_set)
+                          if args.side == "jaxwm" else
                           kit_command(s, seed, logdir, args.kit_python, args.src,
                                       args.gormpo_src))
     run_seeds(commands, args.cpus, args.dry_run)
@@ -255,6 +260,9 @@ def main(argv=None) -> None:
     r.add_argument("--kit-python", help="OfflineRL-Kit's Python (its own venv, with torch)")
     r.add_argument("--src", help="a checkout of OfflineRL-Kit")
     r.add_argument("--gormpo-src", help="a checkout of aysintumay/GORMPO (--set algo=gormpo)")
+    r.add_argument("--jaxwm-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a jaxwm config setting for the jaxwm side only, e.g. "
+                        "gormpo.threshold_quantile=0.01 (GORMPO's code's threshold)")
     q.add_argument("--final-epochs", type=int, default=5)
     q.add_argument("--also-jaxwm", action="append", default=[], metavar="LABEL=FOLDER",
                    help="plot jaxwm runs from FOLDER/seed<N> too, e.g. before a fix")

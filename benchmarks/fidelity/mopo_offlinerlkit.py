@@ -83,15 +83,12 @@ class OfflineEnv:
         return score / 100.0  # the kit logs 100x this: the raw return
 
 
-def fit_gormpo_density(env, seed: int):
-    """GORMPO's RealNVP on the dataset's (next observation, action) rows, as its
+def fit_gormpo_density(rows: np.ndarray, seed: int):
+    """GORMPO's RealNVP on (next observation, action) ``rows``, as its
     ``realnvp_module/realnvp.py`` main trains it (settings: ``configs/realnvp/*_normal.yaml``)."""
     import torch
-    from offlinerlkit.utils.load_dataset import qlearning_dataset
     from realnvp_module.realnvp import RealNVP
 
-    data = qlearning_dataset(env)
-    rows = np.concatenate([data["next_observations"], data["actions"]], 1).astype(np.float32)
     order = np.random.default_rng(seed).permutation(len(rows))
     train, val = rows[order[:int(0.6 * len(rows))]], rows[order[int(0.6 * len(rows)):
                                                                 int(0.8 * len(rows))]]
@@ -111,9 +108,12 @@ def install_gormpo_penalty(gormpo_src: str, env, seed: int) -> None:
 
     sys.path.append(gormpo_src)
     sys.modules.setdefault("wandb", types.ModuleType("wandb"))  # imported, never used here
+    from offlinerlkit.utils.load_dataset import qlearning_dataset
     from transition_model import TransitionModel
 
-    model = fit_gormpo_density(env, seed)
+    data = qlearning_dataset(env)
+    model = fit_gormpo_density(np.concatenate([data["next_observations"], data["actions"]], 1)
+                               .astype(np.float32), seed)
     # What _return_kde_penalty reads of its TransitionModel: the classifier and threshold,
     # no log-prob standardisation (GORMPO's RealNVP.load_model returns no mean / std).
     holder = types.SimpleNamespace(classifier_name=None, classifier_model=model,

@@ -111,7 +111,9 @@ def penalty(shape: str, log_prob, tau):
     in the batch, as GORMPO's ``TransitionModel._return_kde_penalty`` takes it
     (``np.percentile`` over the whole batch). Where the fence is negative (every sample well
     inside the data) the code's ``np.clip(x, 0, cap)`` returns ``cap`` for every sample, a
-    bonus; here the cap is floored at 0, so such a batch is not penalised."""
+    bonus (it happens: ~2 per step from one of three GORMPO densities fitted on Pendulum,
+    benchmarks/fidelity/README.md); here the cap is floored at 0, so such a batch is not
+    penalised."""
     if shape == "linear":
         raw = tau - log_prob
         q1, q3 = jnp.percentile(raw, 25), jnp.percentile(raw, 75)
