@@ -96,16 +96,14 @@ def gormpo_side(rows: np.ndarray, obs_dim: int, src: str, seeds: list[int]):
     for name in ("gym", "d4rl", "wandb"):
         sys.modules.setdefault(name, types.ModuleType(name))
     sys.path += [src, HERE]
-    from mopo_offlinerlkit import fit_gormpo_density
+    from mopo_offlinerlkit import fit_gormpo_density, penalty_holder
     from transition_model import TransitionModel
 
     torch.set_num_threads(1)
     sides = {}
     for seed in seeds:
         model = fit_gormpo_density(rows, seed)
-        holder = types.SimpleNamespace(classifier_name=None, classifier_model=model,
-                                       classifier_thr=model.threshold, classifier_mean=None,
-                                       classifier_std=None, device="cpu")
+        holder = penalty_holder(model)
 
         def score(x, model=model, holder=holder):
             with torch.no_grad():

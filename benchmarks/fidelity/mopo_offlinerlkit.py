@@ -100,6 +100,15 @@ def fit_gormpo_density(rows: np.ndarray, seed: int):
     return model
 
 
+def penalty_holder(model) -> types.SimpleNamespace:
+    """What GORMPO's ``TransitionModel._return_kde_penalty`` reads of its ``self``: the
+    density and its threshold, no log-prob standardisation (GORMPO's ``RealNVP.load_model``
+    returns no mean / std)."""
+    return types.SimpleNamespace(classifier_name=None, classifier_model=model,
+                                 classifier_thr=model.threshold, classifier_mean=None,
+                                 classifier_std=None, device="cpu")
+
+
 def install_gormpo_penalty(gormpo_src: str, env, seed: int) -> None:
     """The kit's ``EnsembleDynamics.step`` with its own penalty off and GORMPO's linear
     density penalty, times the kit's ``--penalty-coef``, subtracted from the reward."""
@@ -114,11 +123,7 @@ def install_gormpo_penalty(gormpo_src: str, env, seed: int) -> None:
     data = qlearning_dataset(env)
     model = fit_gormpo_density(np.concatenate([data["next_observations"], data["actions"]], 1)
                                .astype(np.float32), seed)
-    # What _return_kde_penalty reads of its TransitionModel: the classifier and threshold,
-    # no log-prob standardisation (GORMPO's RealNVP.load_model returns no mean / std).
-    holder = types.SimpleNamespace(classifier_name=None, classifier_model=model,
-                                   classifier_thr=model.threshold, classifier_mean=None,
-                                   classifier_std=None, device="cpu")
+    holder = penalty_holder(model)
     kit_step = EnsembleDynamics.step
 
     def step(self, obs, action):

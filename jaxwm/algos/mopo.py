@@ -146,10 +146,9 @@ def density_spec(config, dim: int) -> realnvp.DensitySpec:
 def fit_density(config, x: np.ndarray) -> tuple[realnvp.DensitySpec, dict, Normalizer, float]:
     """GORMPO's RealNVP on the dataset's (s, a) or (s', a) rows ``x``: loaded from the cache
     when a model for the same data, settings and ``gormpo.density_seed`` is there; otherwise
-    trained (a
-    progress bar per epoch) and saved. One density per dataset, shared by every seed of a run
-    and by every run on it (it describes the data, not an agent). Returns (spec, params of
-    the best epoch, scaler, threshold tau)."""
+    trained (a progress bar per epoch) and saved. One density per dataset, shared by every
+    seed of a run and by every run on it (it describes the data, not an agent). Returns
+    (spec, params of the best epoch, scaler, threshold tau)."""
     spec = density_spec(config, x.shape[1])
     seed = config.gormpo.density_seed
     digest = hashlib.sha1(np.ascontiguousarray(x, np.float32).tobytes())
