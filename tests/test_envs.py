@@ -394,3 +394,14 @@ def test_render_frames_only_where_asked():
     # Training envs are built without envpool's renderer (it costs throughput).
     with pytest.raises(RuntimeError, match="render=True"):
         _make(id="Breakout-v5").render()
+
+
+def test_pools_seeded_one_apart_share_all_but_one_env():
+    """envpool seeds env i of a pool with seed + i: what ``report.runs.env_streams`` and the
+    README's advice to space separate runs' seeds rest on."""
+    first = _make(num_envs=4, seed=1, id="Pendulum-v1").reset().obs
+    second = _make(num_envs=4, seed=2, id="Pendulum-v1").reset().obs
+    np.testing.assert_array_equal(first[1:], second[:-1])
+    assert not np.array_equal(first[0], second[0])
+    apart = _make(num_envs=4, seed=1001, id="Pendulum-v1").reset().obs
+    assert not any(np.array_equal(a, b) for a in first for b in apart)

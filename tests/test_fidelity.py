@@ -4,6 +4,7 @@ format); the stand-in env that OfflineRL-Kit is given."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks", "fidelity"))
 import dreamer as fidelity  # noqa: E402
+import eval_starts  # noqa: E402
 import gormpo_density_probe  # noqa: E402
 import mopo as mopo_fidelity  # noqa: E402
 import mopo_offlinerlkit  # noqa: E402
@@ -116,7 +118,8 @@ def test_mopo_both_sides_get_the_same_settings():
     launcher = command[command.index("--src"):command.index("--")]
     pairs = command[command.index("--") + 1:]
     theirs = {k[2:]: v for k, v in zip(pairs[::2], pairs[1::2], strict=True)}
-    assert ours["seed"] == theirs["seed"] == "3"
+    assert theirs["seed"] == "3"
+    assert ours["seed"] == "3000"  # jaxwm_seed: runs 1, 2, 3 share no env streams
     assert int(ours["phases.policy.duration"]) == 7 * int(theirs["step-per-epoch"]) == 7000
     assert int(ours["mopo.updates_per_epoch"]) == int(theirs["step-per-epoch"])
     assert float(ours["penalty_coef"]) == float(theirs["penalty-coef"]) == 2.5
@@ -174,6 +177,31 @@ def test_mopo_plot_reads_both_sides_logs(tmp_path):
     assert out["curves"]["offlinerlkit"]["1"][1] == pytest.approx(100 * (-300 - low) / (high - low))
     assert out["curves"]["before"] == out["curves"]["jaxwm"]  # a third side, read as jaxwm's
     assert "| before | mean |" in (tmp_path / "mopo_pendulum_medium_hopper.md").read_text()
+    # An earlier plot's sides come back from its JSON (their logs gone), under a new label
+    again = tmp_path / "again"
+    shutil.copytree(runs / "mopo" / "jaxwm", again / "runs" / "mopo" / "jaxwm")
+    shutil.copy(tmp_path / "mopo_pendulum_medium.json", again)
+    replot = ["plot", "--seeds", "1", "2", "--runs", str(again / "runs"), "--set", "epochs=3",
+              "--set", f"dataset={tmp_path / 'absent.hdf5'}", "--results", str(again),
+              "--figures", str(again)]
+    mopo_fidelity.main(replot + ["--reuse", "offlinerlkit", "--reuse", "jaxwm=jaxwm, earlier"])
+    out = json.loads((again / "mopo_pendulum_medium.json").read_text())
+    assert list(out["curves"]) == ["jaxwm", "offlinerlkit", "jaxwm, earlier"]
+    assert out["curves"]["jaxwm, earlier"] == out["curves"]["jaxwm"]
+    assert out["table"]["offlinerlkit"]["1"]["best"] == -300.0
+    assert "| OfflineRL-Kit | mean |" in (again / "mopo_pendulum_medium.md").read_text()
+    with pytest.raises(SystemExit, match="has the sides"):
+        mopo_fidelity.main(replot + ["--reuse", "nobody"])
+    with pytest.raises(SystemExit, match="has runs here too"):
+        mopo_fidelity.main(replot + ["--reuse", "jaxwm"])
+
+
+def test_eval_starts_needs_the_behaviour_sac_and_says_so(tmp_path):
+    with pytest.raises(SystemExit, match="does not exist"):
+        eval_starts.main(["--dataset", str(tmp_path / "absent.hdf5")])
+    (tmp_path / "d.hdf5").write_bytes(b"")
+    with pytest.raises(SystemExit, match="holds no SAC snapshots"):
+        eval_starts.main(["--dataset", str(tmp_path / "d.hdf5")])
 
 
 def test_the_kits_env_stand_in_speaks_the_old_gym_api_and_d4rl(tmp_path):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxwm.report import ReportError, main, make_report
-from jaxwm.report.runs import find_runs, load_run
+from jaxwm.report.runs import env_streams, find_runs, load_run, shared_env_streams
 
 METRIC = "eval/episodic_return"
 
@@ -95,6 +95,32 @@ def test_groups_by_the_settings_that_differ(tmp_path):
         assert os.path.getsize(tmp_path / "out" / name) > 0
     by_algo = report(tmp_path, [tmp_path / "runs"], group_by=["algo"])
     assert len(by_algo.table) == 1 and by_algo.table[0]["seeds"] == 8
+
+
+def test_runs_whose_envs_overlap_are_named(tmp_path):
+    """Separate runs with seeds 1 and 2 share envpool's envs 2.. of their pools (env i is
+    seeded seed + i), so their seeds are not independent: the report says so; seeds 1000
+    apart share none."""
+    def run(name, seed, num_envs=8):
+        path = write_run(tmp_path / name / f"s{seed}", [10.0 + seed], seed=seed)
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+        config["env"]["num_envs"] = num_envs
+        config["eval"] = {"num_envs": 5, "num_episodes": 10}
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(config, f)
+        return load_run(path, METRIC)[0]
+
+    close, apart = [run("close", s) for s in (1, 2, 3)], [run("apart", s) for s in (1000, 2000)]
+    assert env_streams(close[0]) == {"evaluation": set(range(10_001, 10_006)),
+                                     "training": set(range(1, 9))}
+    note = shared_env_streams(close)
+    assert note.startswith("3 pair(s) of runs share envs") and "(seed 1)" in note
+    assert "4 of 5 evaluation envs and 7 of 8 training envs" in note
+    assert shared_env_streams(apart) == ""
+    out = report(tmp_path, [tmp_path / "close"])
+    assert "pair(s) of runs share envs" in out.markdown
+    assert "share envs" not in report(tmp_path, [tmp_path / "apart"]).markdown
 
 
 def test_half_written_metrics_are_read_to_the_last_full_row(tmp_path):

@@ -72,6 +72,10 @@ PRESETS = {
 
 
 def jaxwm_command(s: Settings, seed: int, logdir: str) -> list[str]:
+    """jaxwm's command for ``s`` with ``--config.seed=seed`` as given (not
+    ``side_by_side.jaxwm_seed``, as mopo.py's): the measured runs and the slow test were made
+    with seeds 1-3, whose 4-env training pools share 3 envs' episode starts (CartPole's starts
+    differ little; the curves are of training episodes)."""
     flags = {
         "seed": seed, "env.id": s.task, "env.num_envs": s.envs, "total_env_steps": s.steps,
         "dreamer.model_size": s.size, "dreamer.batch_size": s.batch_size,

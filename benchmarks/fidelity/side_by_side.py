@@ -23,6 +23,20 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results", "fidelity")
 FIGURES = os.path.join(ROOT, "docs", "figures")
 
 
+# envpool seeds env i of a pool with seed + i, and jaxwm's evaluation pool is seeded from
+# ``--config.seed`` + 10,000: two jaxwm runs whose seeds differ by less than a pool's size share
+# env streams. With seeds 1, 2 and 3 and 10 evaluation envs, 9 of every 10 evaluation episodes
+# of seed 2 start where seed 1's do, at every evaluation. A comparison's seed s therefore runs
+# jaxwm with ``--config.seed = JAXWM_SEED_STRIDE * s``: pools of fewer envs than the stride
+# share nothing.
+JAXWM_SEED_STRIDE = 1000
+
+
+def jaxwm_seed(seed: int) -> int:
+    """jaxwm's ``--config.seed`` for a comparison's seed ``seed`` (``JAXWM_SEED_STRIDE``)."""
+    return JAXWM_SEED_STRIDE * seed
+
+
 def with_overrides(settings, pairs: list[str]):
     """``settings`` (a frozen dataclass) with ``key=value`` pairs applied, each value cast to
     the field's type; an unknown key or an empty value stops with the known keys."""

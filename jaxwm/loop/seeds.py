@@ -20,6 +20,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+# The evaluation pool's envpool seed is the run's seed plus this (envpool seeds env i of a pool
+# with seed + i), apart from the training pool's, which starts at the run's seed. Separate runs
+# share envs where their seeds are closer than a pool's size (``report.runs.env_streams``).
+EVAL_SEED_OFFSET = 10_000
+
 
 def loop_key(seed: int, num_seeds: int, stride: int) -> jax.Array:
     """The loop's key: [2] for one seed, [N, 2] (seed k from ``seed + k * stride``) for N."""

@@ -39,6 +39,7 @@ from jaxwm.report.runs import (
     group_runs,
     label,
     load_run,
+    shared_env_streams,
 )
 
 CI_MODES = ("auto", "always", "never")
@@ -154,6 +155,10 @@ def make_report(paths, out: str, metric: str = "eval/episodic_return", group_by=
                           "e.g. eval/episodic_return or charts/episodic_return.")
     fields = group_fields(runs, group_by)
     groups = dict(sorted(group_runs(runs, fields).items(), key=lambda kv: str(kv[0])))
+    shared = [f"{label(fields, key)}: {note}" for key, members in groups.items()
+              if (note := shared_env_streams(members))]
+    for note in shared:
+        log(f"jaxwm.report: {note}")
     if ci == "always":
         lonely = [label(fields, key) for key, members in groups.items()
                   if sum(len(r.seeds) for r in members) < 2]
@@ -230,7 +235,7 @@ def make_report(paths, out: str, metric: str = "eval/episodic_return", group_by=
             files.append(name)
 
     # ---- aggregates across tasks (rliable)
-    score_dict, notes = {}, []
+    score_dict, notes = {}, list(shared)
     methods: dict = {}
     for key, members in groups.items():
         values = dict(zip(fields, key, strict=True))

@@ -10,12 +10,17 @@ writing it, or was killed mid-write) is read up to the last full row (``metrics.
 Groups: runs whose configs agree on every setting that differs anywhere among the runs (or
 on the ``--group-by`` fields) are seeds of one group. Settings that never change what is
 learned (the seed, log and checkpoint cadence, resume, devices) never split groups.
+
+Seeds of a group are independent only if their runs share no env: envpool seeds env i of a
+pool with seed + i, so separate runs with ``--config.seed`` 1, 2, 3 start most of their
+training and evaluation episodes alike (``shared_env_streams`` names such groups).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -23,6 +28,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from jaxwm.loop.metrics import read_jsonl
+from jaxwm.loop.seeds import EVAL_SEED_OFFSET
 
 # Settings that differ between seeds or bookkeeping, not between methods.
 NOT_A_GROUP = ("seed", "resume", "num_devices", "num_seeds", "log.", "checkpoint.",
@@ -170,3 +176,39 @@ def group_runs(runs: Sequence[Run], fields: Sequence[str]) -> dict[tuple, list[R
 def label(fields: Sequence[str], values: Sequence) -> str:
     """``algo=ppo, env.id=CartPole-v1`` (or ``all runs`` with no fields)."""
     return ", ".join(f"{f}={v}" for f, v in zip(fields, values, strict=True)) or "all runs"
+
+
+def env_streams(run: Run) -> dict[str, set[int]]:
+    """The envpool seeds of a run's envs (envpool seeds env i of a pool with seed + i): its
+    evaluation pool's (``loop.evaluate.Evaluator``: ``num_seeds`` x min(``eval.num_envs``,
+    ``eval.num_episodes``) envs from seed + ``EVAL_SEED_OFFSET``) and, where it steps an env
+    to train, its training pool's (``num_seeds`` x ``env.num_envs`` envs from seed)."""
+    c = run.config
+    seed, seeds = int(c.get("seed", 0)), int(c.get("num_seeds", 1))
+    evaluation = seeds * min(int(c.get("eval.num_envs", 1)), int(c.get("eval.num_episodes", 1)))
+    streams = {"evaluation": set(range(seed + EVAL_SEED_OFFSET,
+                                       seed + EVAL_SEED_OFFSET + evaluation))}
+    if run.x_axis == "env_steps":  # offline runs step no env to train
+        streams["training"] = set(range(seed, seed + seeds * int(c.get("env.num_envs", 1))))
+    return streams
+
+
+def shared_env_streams(members: Sequence[Run]) -> str:
+    """A note if runs of one group share envs (so their seeds are not independent), else
+    ``""``."""
+    pairs = []
+    for a, b in itertools.combinations(members, 2):
+        sa, sb = env_streams(a), env_streams(b)
+        shared = {kind: (len(sa[kind] & sb[kind]), len(sa[kind])) for kind in sa
+                  if kind in sb and sa[kind] & sb[kind]}
+        if shared:
+            pairs.append((a, b, shared))
+    if not pairs:
+        return ""
+    a, b, shared = pairs[0]
+    what = " and ".join(f"{n} of {total} {kind} envs" for kind, (n, total) in shared.items())
+    return (f"{len(pairs)} pair(s) of runs share envs, e.g. {a.path} (seed {a.config.get('seed')}) "
+            f"and {b.path} (seed {b.config.get('seed')}): {what} start their episodes alike "
+            "(envpool seeds env i with seed + i), so these seeds are not independent. Space "
+            "separate runs' seeds by more than their pools (--config.seed=1000, 2000, 3000) or "
+            "run them as --config.num_seeds.")
