@@ -25,8 +25,9 @@ FIGURES = os.path.join(ROOT, "docs", "figures")
 
 # envpool seeds env i of a pool with seed + i, and jaxwm's evaluation pool is seeded from
 # ``--config.seed`` + 10,000: two jaxwm runs whose seeds differ by less than a pool's size share
-# env streams. With seeds 1, 2 and 3 and 10 evaluation envs, 9 of every 10 evaluation episodes
-# of seed 2 start where seed 1's do, at every evaluation. A comparison's seed s therefore runs
+# env streams. With seeds 1, 2 and 3 and MOPO's 5 evaluation envs (2 episodes each), 8 of seed
+# 2's 10 evaluation episodes start where seed 1's do, at every evaluation
+# (eval_starts.py measures it). A comparison's seed s therefore runs
 # jaxwm with ``--config.seed = JAXWM_SEED_STRIDE * s``: pools of fewer envs than the stride
 # share nothing.
 JAXWM_SEED_STRIDE = 1000
