@@ -41,7 +41,6 @@ from jaxwm.config import ConfigError
 from jaxwm.envs import EpisodeStats, acting, make_env
 from jaxwm.loop import seeds
 from jaxwm.loop.metrics import PerSeed, Video
-from jaxwm.loop.seeds import EVAL_SEED_OFFSET
 from jaxwm.scores import atari_game, human_normalized_score, normalized_score
 
 
@@ -56,7 +55,7 @@ class Evaluator:
     """Evaluates ``policy`` with the parameters ``params_of(state)``."""
 
     def __init__(self, config, policy, params_of=lambda state: state, score_reference=None,
-                 env=None, seed_offset: int = EVAL_SEED_OFFSET):
+                 env=None, seed_offset: int = seeds.EVAL_SEED_OFFSET):
         num_seeds = config.num_seeds
         self.config = config.eval
         self.policy = policy = acting.grouped(policy, num_seeds)

@@ -181,8 +181,10 @@ def label(fields: Sequence[str], values: Sequence) -> str:
 def env_streams(run: Run) -> dict[str, set[int]]:
     """The envpool seeds of a run's envs (envpool seeds env i of a pool with seed + i): its
     evaluation pool's (``loop.evaluate.Evaluator``: ``num_seeds`` x min(``eval.num_envs``,
-    ``eval.num_episodes``) envs from seed + ``EVAL_SEED_OFFSET``) and, where it steps an env
-    to train, its training pool's (``num_seeds`` x ``env.num_envs`` envs from seed)."""
+    ``eval.num_episodes``) envs, the length of its tiled ``episode_quotas``, from seed +
+    ``EVAL_SEED_OFFSET``; restated here so that the report needs no env library) and, where
+    it steps an env to train, its training pool's (``num_seeds`` x ``env.num_envs`` envs
+    from seed)."""
     c = run.config
     seed, seeds = int(c.get("seed", 0)), int(c.get("num_seeds", 1))
     evaluation = seeds * min(int(c.get("eval.num_envs", 1)), int(c.get("eval.num_episodes", 1)))
