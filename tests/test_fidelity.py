@@ -34,7 +34,8 @@ def test_both_sides_get_the_same_settings():
     theirs = _flags(fidelity.official_command(s, 2, "runs/y", "python", "src"), "--")
     assert float(ours["dreamer.learning_rate"]) == float(theirs["agent.opt.lr"]) == 1e-4
     assert int(ours["total_env_steps"]) == int(theirs["run.steps"]) == 1000
-    assert ours["seed"] == theirs["seed"] == "2"
+    assert theirs["seed"] == "2"
+    assert ours["seed"] == "2000"  # jaxwm_seed: neighbouring seeds' env pools share no env
     for a, b in (("env.num_envs", "run.envs"), ("dreamer.batch_size", "batch_size"),
                  ("dreamer.batch_length", "batch_length"), ("dreamer.warmup", "agent.opt.warmup"),
                  ("dreamer.train_ratio", "run.train_ratio")):
@@ -83,6 +84,15 @@ def test_plot_reads_both_sides_logs(tmp_path):
     assert out["table"]["official"]["2"]["dip_after_solving"] == 500.0
     assert (tmp_path / "fidelity_dreamer_cartpole_cpu.png").stat().st_size > 0
     assert "| official | mean | 500 | 500 |" in (tmp_path / "dreamer_cartpole_cpu.md").read_text()
+    # The official side's curves again from that JSON (its logs gone), beside new jaxwm runs
+    shutil.rmtree(runs / "official")
+    fidelity.main(["plot", "--seeds", "1", "2", "--runs", str(runs), "--set", "steps=5000",
+                   "--window", "1000", "--results", str(tmp_path), "--figures", str(tmp_path),
+                   "--reuse", "official", "--reuse", "jaxwm=jaxwm, earlier"])
+    again = json.loads((tmp_path / "dreamer_cartpole_cpu.json").read_text())
+    assert list(again["curves"]) == ["jaxwm", "official", "jaxwm, earlier"]
+    assert again["curves"]["official"] == out["curves"]["official"]
+    assert "| jaxwm, earlier | mean |" in (tmp_path / "dreamer_cartpole_cpu.md").read_text()
 
 
 @pytest.mark.slow

@@ -27,9 +27,11 @@ import sys
 import numpy as np
 from side_by_side import (
     HERE,
+    add_reused,
     band_lines,
     command_line,
     fmt,
+    jaxwm_seed,
     largest_fall,
     run_seeds,
     save_figure,
@@ -72,12 +74,12 @@ PRESETS = {
 
 
 def jaxwm_command(s: Settings, seed: int, logdir: str) -> list[str]:
-    """jaxwm's command for ``s`` with ``--config.seed=seed`` as given (not
-    ``side_by_side.jaxwm_seed``, as mopo.py's): the measured runs and the slow test were made
-    with seeds 1-3, whose 4-env training pools share 3 envs' episode starts (CartPole's starts
-    differ little; the curves are of training episodes)."""
+    """jaxwm's command for ``s``, seed ``seed`` of the comparison run at ``--config.seed`` =
+    ``side_by_side.jaxwm_seed(seed)`` (1000 x seed), so that its runs share no env: with
+    seeds 1, 2, 3 as given, the 4-env training pools of neighbouring seeds share 3 envs."""
     flags = {
-        "seed": seed, "env.id": s.task, "env.num_envs": s.envs, "total_env_steps": s.steps,
+        "seed": jaxwm_seed(seed), "env.id": s.task, "env.num_envs": s.envs,
+        "total_env_steps": s.steps,
         "dreamer.model_size": s.size, "dreamer.batch_size": s.batch_size,
         "dreamer.batch_length": s.batch_length, "dreamer.train_ratio": s.train_ratio,
         "dreamer.learning_rate": s.lr, "dreamer.warmup": s.warmup,
@@ -190,11 +192,13 @@ def plot(args) -> None:
             steps, returns = episode_returns(side, logdir)
             curves.setdefault(side, {})[seed] = windowed(steps, returns, args.window,
                                                          settings.steps)
+    name = f"dreamer_{settings.task.split('-')[0].lower()}_{args.preset}{args.suffix}"
+    labels = dict(LABELS)
+    add_reused(curves, labels, os.path.join(args.results, f"{name}.json"), args.reuse)
     if not curves:
         raise SystemExit(f"No runs under {args.runs}/<side>/seed<N>: run them first (--help).")
     x = np.arange(1, settings.steps // args.window + 1) * args.window
-    name = f"dreamer_{settings.task.split('-')[0].lower()}_{args.preset}{args.suffix}"
-    save_figure({f"{settings.task}, size{settings.size}": band_lines(curves, x, LABELS)},
+    save_figure({f"{settings.task}, size{settings.size}": band_lines(curves, x, labels)},
                 os.path.join(args.figures, f"fidelity_{name}.png"), "env steps",
                 "training-episode return")
     table = summarise(curves, args.window, args.solved, args.final_windows)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import glob
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 from side_by_side import (
     HERE,
+    add_reused,
     band_lines,
     command_line,
     fmt,
@@ -204,27 +204,6 @@ def markdown(table: dict, s: Settings, final_epochs: int, ref, labels: dict) -> 
     return "\n".join(lines) + "\n"
 
 
-def reused(path: str, requests: list[str]) -> list[tuple[str, str, dict]]:
-    """``(side, label, {seed: curve})`` for each ``SIDE[=LABEL]`` of ``--reuse``: that side's
-    curves from the results JSON at ``path`` (an earlier plot's, e.g. the committed one whose
-    runs were made on another day), read before this plot overwrites it."""
-    if not requests:
-        return []
-    if not os.path.exists(path):
-        raise SystemExit(f"--reuse: {path} does not exist (an earlier plot writes it)")
-    with open(path) as f:
-        stored = json.load(f)["curves"]
-    out = []
-    for request in requests:
-        side, _, label = request.partition("=")
-        if side not in stored:
-            raise SystemExit(f"--reuse {request!r}: {path} has the sides {sorted(stored)}")
-        curve = {int(seed): np.array([np.nan if v is None else v for v in values], float)
-                 for seed, values in stored[side].items()}
-        out.append((side, label or side, curve))
-    return out
-
-
 def plot(args) -> None:
     s = with_overrides(PRESETS[args.preset], args.set)
     ref = reference(s)
@@ -245,10 +224,7 @@ def plot(args) -> None:
                 updates, returns = eval_returns(side if side in SIDES else "jaxwm", logdir)
                 curves.setdefault(side, {})[seed] = on_epochs(updates, score(returns), s)
     name = f"{s.algo}_{s.task.replace('-', '_')}{args.suffix}"
-    for side, label, curve in reused(os.path.join(args.results, f"{name}.json"), args.reuse):
-        if label in curves:
-            raise SystemExit(f"--reuse {side}: {label!r} has runs here too; give another label")
-        labels[label], curves[label] = label if label != side else LABELS.get(side, side), curve
+    add_reused(curves, labels, os.path.join(args.results, f"{name}.json"), args.reuse)
     if not curves:
         raise SystemExit(f"No runs under {args.runs}/{s.algo}/<side>/seed<N>: run them first "
                          "(--help).")
@@ -296,9 +272,6 @@ def main(argv=None) -> None:
     q.add_argument("--final-epochs", type=int, default=5)
     q.add_argument("--also-jaxwm", action="append", default=[], metavar="LABEL=FOLDER",
                    help="plot jaxwm runs from FOLDER/seed<N> too, e.g. before a fix")
-    q.add_argument("--reuse", action="append", default=[], metavar="SIDE[=LABEL]",
-                   help="plot SIDE's curves from the results JSON this plot replaces (runs "
-                        "whose logs are not here), under LABEL if given")
     args = p.parse_args(argv)
     (run if args.command == "run" else plot)(args)
 

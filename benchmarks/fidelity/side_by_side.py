@@ -109,6 +109,28 @@ def save_table(results: str, name: str, payload: dict, curves: dict, text: str) 
     print(text)
 
 
+def add_reused(curves: dict, labels: dict, path: str, requests: list[str]) -> None:
+    """Add to ``curves`` (and ``labels``) each ``SIDE[=LABEL]`` of ``--reuse``: that side's
+    curves from the results JSON at ``path`` (an earlier plot's, e.g. the committed one whose
+    runs were made on another day), read before this plot overwrites it."""
+    if not requests:
+        return
+    if not os.path.exists(path):
+        raise SystemExit(f"--reuse: {path} does not exist (an earlier plot writes it)")
+    with open(path) as f:
+        stored = json.load(f)["curves"]
+    for request in requests:
+        side, _, label = request.partition("=")
+        label = label or side
+        if side not in stored:
+            raise SystemExit(f"--reuse {request!r}: {path} has the sides {sorted(stored)}")
+        if label in curves:
+            raise SystemExit(f"--reuse {side}: {label!r} has runs here too; give another label")
+        curves[label] = {int(seed): np.array([np.nan if v is None else v for v in values], float)
+                         for seed, values in stored[side].items()}
+        labels[label] = labels.get(side, side) if label == side else label
+
+
 def command_line(doc: str, presets: dict, default_preset: str, runs: str, sides: tuple,
                  set_example: str):
     """The ``run`` / ``plot`` command line every comparison shares: (parser, run's subparser,
@@ -133,4 +155,7 @@ def command_line(doc: str, presets: dict, default_preset: str, runs: str, sides:
     q.add_argument("--suffix", default="", help="appended to the output files' names")
     q.add_argument("--results", default=RESULTS, help="where the table goes (JSON, markdown)")
     q.add_argument("--figures", default=FIGURES, help="where the figure goes")
+    q.add_argument("--reuse", action="append", default=[], metavar="SIDE[=LABEL]",
+                   help="plot SIDE's curves from the results JSON this plot replaces (runs "
+                        "whose logs are not here), under LABEL if given")
     return p, r, q
