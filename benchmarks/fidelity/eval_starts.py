@@ -13,10 +13,9 @@ normalised with the dataset's reference returns, as the MOPO comparison's are.
 What it answers: envpool seeds env i of a pool with seed + i, so runs with ``--config.seed``
 1, 2 and 3 evaluate 6-8 of their 10 episodes (5 envs, 2 each) from the same starts at every
 evaluation (hence ``side_by_side.JAXWM_SEED_STRIDE``). Their scores then move together, and
-their "final" (the
-mean of the last evaluations) carries the luck of one set of starts instead of three. The table
-gives, per seed, the score of each evaluation and of the final window; the correlation of two
-seeds' evaluation-by-evaluation scores says how much they share.
+their "final" (the mean of the last evaluations) carries the luck of one set of starts instead
+of three. The table gives, per seed, the score of each evaluation and of the final window; the
+correlation of two seeds' evaluation-by-evaluation scores says how much they share.
 """
 
 from __future__ import annotations
