@@ -213,8 +213,12 @@ def ppo_end_to_end(config, window_s: float, repeats: int, max_iterations: int,
 def run_peer(command: str) -> dict:
     """Runs a peer benchmark (the original code, outside this repository) by its shell
     ``command`` and returns the JSON object its last printed line holds."""
-    out = subprocess.run(command, shell=True, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    out = subprocess.run(command, shell=True, capture_output=True, text=True)
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        tail = "\n".join((out.stderr or out.stdout).strip().splitlines()[-15:])
+        raise SystemExit(f"peer command failed (exit {out.returncode}): {command}\n{tail}")
+    return json.loads(lines[-1])
 
 
 def between_peer_runs(command: str, measure: Callable[[], list[dict]]):

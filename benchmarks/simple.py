@@ -25,8 +25,11 @@ Without it the figures of benchmarks/REFERENCES.md are quoted.
 
     python benchmarks/simple.py --quick                    # tiny only (~1 min)
     python benchmarks/simple.py                            # tiny and full (~15 min on 2 cores)
-    python benchmarks/simple.py --mbarc-command \
-        "$VENV/bin/python benchmarks/peers/mbarc_torch.py --src ../mbarc_atari --threads 2"
+    python benchmarks/simple.py --mbarc-command "$VENV/bin/python benchmarks/peers/mbarc_torch.py \
+        --src ../mbarc_atari --shims benchmarks/peers/mbarc_shims --threads 2"
+    python benchmarks/simple.py --sizes full --mbarc-command "python3 \
+        benchmarks/peers/mbarc_torch.py --src ../mbarc_atari --shims benchmarks/peers/mbarc_shims \
+        --device cuda"                                       # on a GPU: both sides on it
 """
 
 from __future__ import annotations
@@ -226,11 +229,18 @@ def main() -> None:
         if peers:
             peer_train = median([x["train_step_s"] for x in peers])
             peer_sim = median([x["sim_rollout_16x50_s"] for x in peers])
-            threads = peers[0].get("threads")
+
+            def per_run(key):
+                return "runs: " + ", ".join(f"{x[key]:.3g}" for x in peers)
+
+            threads, device = peers[0].get("threads"), peers[0].get("device", "cpu")
+            where = f"{threads} thread(s)" if device == "cpu" else f"on {device}"
             notes.append(
-                f"MBARC PyTorch on this host ({threads} thread(s), {len(peers)} runs interleaved "
-                f"with jaxwm's): {peer_train:.3g} s per training step at batch 4, "
-                f"{peer_sim:.3g} s per 16 x 50 simulated rollout with its policy.")
+                f"MBARC PyTorch {peers[0].get('torch', '')} on this host ({where}, "
+                f"{len(peers)} runs interleaved "
+                f"with jaxwm's, medians): {peer_train:.3g} s per training step at batch 4 "
+                f"({per_run('train_step_s')}), {peer_sim:.3g} s per 16 x 50 simulated rollout "
+                f"with its policy ({per_run('sim_rollout_16x50_s')}).")
         else:
             peer_train, peer_sim = MBARC_TRAIN_STEP_S, None
             notes.append(f"MBARC PyTorch, one thread, this machine class (benchmarks/"

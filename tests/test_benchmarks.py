@@ -104,3 +104,14 @@ def test_quick_mode_runs(name):
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "|" in proc.stdout  # the markdown table it printed
+
+
+def test_a_failing_peer_command_stops_with_its_error(benchmark_modules):
+    """A peer that crashes (wrong --src, a missing dependency) stops the benchmark with the
+    command and the end of its stderr, not a bare CalledProcessError or a JSON error."""
+    common = importlib.import_module("common")  # on the path while the fixture is up
+    assert common.run_peer("echo progress; echo '{\"s\": 1.5}'") == {"s": 1.5}
+    with pytest.raises(SystemExit, match=r"(?s)exit 3\).*no module named mbarc"):
+        common.run_peer("echo 'no module named mbarc' >&2; exit 3")
+    with pytest.raises(SystemExit, match="exit 0"):
+        common.run_peer("true")  # printed nothing

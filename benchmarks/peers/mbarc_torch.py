@@ -3,12 +3,15 @@
 Run it with a Python that has torch (CPU) and MBARC's dependencies, pointing ``--src`` at a
 checkout of thomas-schillaci/mbarc_atari (kept outside this repository; its code is never
 committed here). MBARC's README pins gym 0.15, openai/baselines and opencv; none of them does
-work on the timed paths, so ``--shims DIR`` may instead name a directory of import-level
-stand-ins for them (gym's ``spaces.Discrete``/``Box``, baselines' ``VecEnv`` and
-``VecEnvWrapper``, ``cv2``, ``matplotlib.pyplot``). Random weights, random uint8 frames, no
+work on the timed paths, so ``--shims benchmarks/peers/mbarc_shims`` puts import-level
+stand-ins for them first on the path (gym's ``Env``/``spaces``, baselines' ``VecEnv`` and
+``VecEnvWrapper``, a no-op ``cv2``; see that folder's README). Random weights, random uint8 frames, no
 Atari. Prints one JSON line (``train_step_s``, ``forward16_s``, ``sim_rollout_16x50_s``, ...).
 
-    <venv>/bin/python benchmarks/peers/mbarc_torch.py --src ../mbarc_atari --threads 2
+    <venv>/bin/python benchmarks/peers/mbarc_torch.py --src ../mbarc_atari \
+        --shims benchmarks/peers/mbarc_shims --threads 2
+    python3 benchmarks/peers/mbarc_torch.py --src ../mbarc_atari \
+        --shims benchmarks/peers/mbarc_shims --device cuda        # on a GPU
 """
 import argparse
 import json
@@ -42,7 +45,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 
-def reference_config():
+def reference_config(device):
     """Parser built from the add_argument lines of src/mbarc/__main__.py, default flags."""
     text = open(os.path.join(SRC, 'mbarc', '__main__.py')).read()
     parser = argparse.ArgumentParser()
@@ -50,7 +53,7 @@ def reference_config():
     for line in lines:
         exec(line, {'parser': parser, 'strftime': strftime})
     config = parser.parse_args([])
-    config.device = 'cpu'  # README: `--device cpu`
+    config.device = device  # README: `--device cpu`; its default is cuda
     # Deviation (type only): default --stacking is the float 4; torch>=2 rejects float sizes.
     config.stacking = int(config.stacking)
     return config
@@ -89,6 +92,8 @@ def main():
     ap.add_argument('--src')
     ap.add_argument('--shims', default='')
     ap.add_argument('--threads', type=int, default=1)
+    ap.add_argument('--device', default='cpu', choices=['cpu', 'cuda'],
+                    help="MBARC's --device (cuda: the GPU, synchronised before every timestamp)")
     ap.add_argument('--train-steps', type=int, default=8, help='measured optimizer steps after 2 warm-up')
     ap.add_argument('--fwd-reps', type=int, default=5)
     ap.add_argument('--sim-reps', type=int, default=2, help='measured agent.learn() calls after 1 warm-up')
@@ -107,10 +112,12 @@ def main():
     from mbarc.subproc_vec_env import make_simulated_env
     from mbarc.trainer import Trainer
 
-    config = reference_config()
+    config = reference_config(args.device)
+    sync = torch.cuda.synchronize if args.device == 'cuda' else (lambda: None)
     n_action = 3  # FreewayNoFrameskip-v4 minimal action set: NOOP, UP, DOWN
     action_space = gym.spaces.Discrete(n_action)
     out = {'threads': args.threads, 'torch': torch.__version__, 'torch_num_threads': torch.get_num_threads(),
+           'device': torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu',
            'loadavg_start': os.getloadavg()}
     # main-process CPU seconds / wall seconds per phase: ~threads when the cores are ours alone
     def cpu_ratio(c0, w0):
@@ -135,6 +142,7 @@ def main():
     def timed_step(*a, **k):
         t = time.perf_counter()
         r = orig_step(*a, **k)
+        sync()
         now = time.perf_counter()
         opt_times.append(now - t)
         stamps.append(now)
@@ -166,7 +174,7 @@ def main():
     agents = config.agents
     c = config.frame_shape[0]
     frames = torch.randint(0, 256, (agents, c * config.stacking, *config.frame_shape[1:]),
-                           dtype=torch.uint8, generator=gen).float() / 255
+                           dtype=torch.uint8, generator=gen).float().to(config.device) / 255
     np_actions = np.random.RandomState(0).randint(n_action, size=(agents, 1))
 
     def sim_step(frames):
@@ -185,6 +193,7 @@ def main():
     for _ in range(1 + args.fwd_reps):
         t = time.perf_counter()
         frames = sim_step(frames)
+        sync()
         fwd.append(time.perf_counter() - t)
     out['forward16_cpu_per_wall'] = cpu_ratio(c0, w0)
     out['forward16_warmup_s'] = round(fwd[0], 4)
@@ -205,6 +214,7 @@ def main():
         def timed_update(rollouts):
             t = time.perf_counter()
             r = orig_update(rollouts)
+            sync()
             upd.append(time.perf_counter() - t)
             return r
 
@@ -222,6 +232,7 @@ def main():
             t = time.perf_counter()
             agent.learn(config.rollout_length * config.agents, verbose=False, score_training=False,
                         logger=None, use_ppo_lr_decay=config.use_ppo_lr_decay)
+            sync()
             learn.append(time.perf_counter() - t)
         out['sim_main_cpu_per_wall'] = cpu_ratio(c0, w0)
         simulated_env.close()
