@@ -216,7 +216,7 @@ def main() -> None:
     notes = [
         "s_per_optimizer_step: the update_model hook (a training rollout at batch 4, one "
         "Adafactor step per step; 50 steps per call at tiny size, "
-        f"{FULL_ROLLOUT} at full size, where each step takes seconds) over its steps, median of "
+        f"{FULL_ROLLOUT} at full size, where a step takes seconds on a CPU) over its steps, median of "
         f"{args.repeats} calls; compile_s: the first call.",
         "conv_rate: FLOPs of one optimiser step from XLA's cost analysis; gflops_alone: that step"
         f" under plain jit (XLA:{hw['backend'].upper()}'s rate for these shapes); "
