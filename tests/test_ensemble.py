@@ -80,6 +80,11 @@ def test_training_fits_and_elites_exclude_a_sabotaged_member():
         state, metrics = epoch(state, jax.random.key(i))
         first = first if first is not None else float(metrics["model/holdout_mse"])
     assert float(metrics["model/holdout_mse"]) < 0.1 * first
+    # One pair of log-variance bounds for the ensemble: the members' copies moved together.
+    for name, start in (("max_logvar", 0.5), ("min_logvar", -10.0)):
+        bounds = np.asarray(state.params["params"][name])
+        np.testing.assert_array_equal(bounds, np.broadcast_to(bounds[0], bounds.shape))
+        assert np.abs(bounds - start).max() > 1e-3, name
     # Sabotage member 1's snapshot: its held-out MSE is then the worst, so it is no elite.
     bad = jax.tree.map(lambda v: v.at[1].multiply(-3.0), state.patience.best_params)
     mse = ensemble.holdout_mse(spec, bad, state.scaler,
@@ -91,6 +96,19 @@ def test_training_fits_and_elites_exclude_a_sabotaged_member():
                                                  data["action"][:256], jax.random.key(9))
     assert std.shape == (3, 256, 3)
     assert float(jnp.mean((next_obs - data["next_obs"][:256]) ** 2)) < 0.05
+
+
+def test_tied_bounds_gradient_is_the_members_sum_with_the_penalty_counted_once():
+    # member_loss adds 0.01 (sum max - sum min) to each of 3 members: the shared pair's
+    # gradient keeps one of those 3 penalties, i.e. removes 2 x (+0.01) from max, 2 x (-0.01)
+    # from min. Layer gradients are untouched.
+    grads = {"params": {"max_logvar": jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]),
+                        "min_logvar": jnp.array([[0.5, 0.0], [0.5, 0.0], [0.5, 1.0]]),
+                        "layer_0": {"kernel": jnp.arange(6.0).reshape(3, 2)}}}
+    tied = ensemble.tie_logvar_bounds(grads, 3)["params"]
+    np.testing.assert_allclose(tied["max_logvar"], [[8.98, 11.98]] * 3, rtol=1e-6)
+    np.testing.assert_allclose(tied["min_logvar"], [[1.52, 1.02]] * 3, rtol=1e-6)
+    np.testing.assert_array_equal(tied["layer_0"]["kernel"], grads["params"]["layer_0"]["kernel"])
 
 
 def test_patience_snapshots_each_member_and_counts_epochs_without_improvement():

@@ -22,9 +22,12 @@ Initial weights (``EnsembleSpec.weight_init``): "flax" (``nn.Dense``'s lecun nor
 bias) or "kit" (OfflineRL-Kit's ``EnsembleLinear``: normal with std 1 / (2 sqrt(fan_in)), a
 quarter of flax's variance, zero bias; configs/mopo.py's default).
 
-Deviations, for a vmapped implementation: every member has its own log-variance bounds (one
-member = one independent network, so the whole ensemble is one ``vmap``); elites are chosen
-by the snapshots' own held-out losses rather than by the last epoch's.
+The log-variance bounds are one pair for the whole ensemble, as in OfflineRL-Kit's
+``EnsembleDynamicsModel`` (and PETS' and MBPO's code): each member holds a copy (one member =
+one network, so the ensemble is one ``vmap``), and ``tie_logvar_bounds`` gives every copy the
+gradient of the shared pair, so the copies never part (per-member bounds, an earlier
+departure, scored below the kit's MOPO: benchmarks/fidelity/README.md). Deviation: elites are
+chosen by the snapshots' own held-out losses rather than by the last epoch's.
 
 The input scaler (mean/std of (s, a)) is fit on the training split once and kept in the
 state; targets are not scaled (as OfflineRL-Kit).
@@ -152,6 +155,18 @@ def member_loss(spec: EnsembleSpec, params, x, y):
     return nll + bounds + decay, nll
 
 
+def tie_logvar_bounds(grads: dict, members: int) -> dict:
+    """Gives every member's copy of the log-variance bounds the gradient of one shared pair:
+    the sum of the members' likelihood gradients, with the ``0.01 (sum max - sum min)``
+    penalty counted once rather than once per member (``member_loss`` adds it to each).
+    Copies that start equal (constant init) and take equal Adam steps stay equal."""
+    g = dict(grads["params"])
+    for name, sign in (("max_logvar", 1.0), ("min_logvar", -1.0)):
+        shared = jnp.sum(g[name], 0) - (members - 1) * LOGVAR_LOSS_COEF * sign
+        g[name] = jnp.broadcast_to(shared, g[name].shape)
+    return {**grads, "params": g}
+
+
 def holdout_mse(spec: EnsembleSpec, params, scaler: Normalizer, batch) -> jax.Array:
     """Each member's mean squared error of its mean on ``batch``: [members]."""
     mean, _ = apply(spec, params, scaler, batch["obs"], batch["action"])
@@ -184,6 +199,7 @@ def train_epoch(spec: EnsembleSpec, state: EnsembleState, data, train_index, boo
             return jnp.sum(loss), nll  # members are independent: summing keeps their gradients
 
         (_, nll), grads = jax.value_and_grad(total, has_aux=True)(params)
+        grads = tie_logvar_bounds(grads, members)
         updates, opt_state = tx.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), jnp.mean(nll)
 
