@@ -218,7 +218,11 @@ def run_peer(command: str) -> dict:
     if out.returncode != 0 or not lines:
         tail = "\n".join((out.stderr or out.stdout).strip().splitlines()[-15:])
         raise SystemExit(f"peer command failed (exit {out.returncode}): {command}\n{tail}")
-    return json.loads(lines[-1])
+    try:
+        return json.loads(lines[-1])
+    except json.JSONDecodeError:
+        raise SystemExit(f"peer command's last line is not JSON: {command}\n"
+                         f"{lines[-1][:500]}") from None
 
 
 def between_peer_runs(command: str, measure: Callable[[], list[dict]]):

@@ -115,3 +115,5 @@ def test_a_failing_peer_command_stops_with_its_error(benchmark_modules):
         common.run_peer("echo 'no module named mbarc' >&2; exit 3")
     with pytest.raises(SystemExit, match="exit 0"):
         common.run_peer("true")  # printed nothing
+    with pytest.raises(SystemExit, match="not JSON"):
+        common.run_peer("echo done")

@@ -1,6 +1,6 @@
 """MBARC's own PyTorch code timed on this host: the peer of ``benchmarks/simple.py``.
 
-Run it with a Python that has torch (CPU) and MBARC's dependencies, pointing ``--src`` at a
+Run it with a Python that has torch (CPU or CUDA) and MBARC's dependencies, pointing ``--src`` at a
 checkout of thomas-schillaci/mbarc_atari (kept outside this repository; its code is never
 committed here). MBARC's README pins gym 0.15, openai/baselines and opencv; none of them does
 work on the timed paths, so ``--shims benchmarks/peers/mbarc_shims`` puts import-level
@@ -140,6 +140,7 @@ def main():
     orig_step = trainer.optimizer.step
 
     def timed_step(*a, **k):
+        sync()  # the backward pass before the step is not the step's
         t = time.perf_counter()
         r = orig_step(*a, **k)
         sync()
@@ -152,6 +153,7 @@ def main():
 
     trainer.optimizer.step = timed_step
     c0 = time.process_time()
+    sync()
     t0 = time.perf_counter()
     try:
         trainer.train_world_model(1, env, steps=config.rollout_length)
@@ -212,6 +214,7 @@ def main():
         orig_update = agent.agent.update
 
         def timed_update(rollouts):
+            sync()  # the rollout's last GPU work belongs to the rollout
             t = time.perf_counter()
             r = orig_update(rollouts)
             sync()

@@ -25,9 +25,13 @@ quarter of flax's variance, zero bias; configs/mopo.py's default).
 The log-variance bounds are one pair for the whole ensemble, as in OfflineRL-Kit's
 ``EnsembleDynamicsModel`` (and PETS' and MBPO's code): each member holds a copy (one member =
 one network, so the ensemble is one ``vmap``), and ``tie_logvar_bounds`` gives every copy the
-gradient of the shared pair, so the copies never part (per-member bounds, an earlier
-departure, scored below the kit's MOPO: benchmarks/fidelity/README.md). Deviation: elites are
-chosen by the snapshots' own held-out losses rather than by the last epoch's.
+gradient of the shared pair, so the trained copies never part (per-member bounds, an earlier
+departure, scored below the kit's MOPO: benchmarks/fidelity/README.md). A checkpoint saved
+before that change resumes with its members' copies as saved: equal steps keep them apart.
+Deviations: a member's snapshot keeps the bounds of its own snapshot epoch, so rollouts use
+them per member, where the kit's use the pair as last trained (ablated with per-member
+bounds over 5 seeds: finals within 2 points seed for seed); elites are chosen by the snapshots' own
+held-out losses rather than by the last epoch's.
 
 The input scaler (mean/std of (s, a)) is fit on the training split once and kept in the
 state; targets are not scaled (as OfflineRL-Kit).
@@ -38,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import flax.core
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -160,11 +165,11 @@ def tie_logvar_bounds(grads: dict, members: int) -> dict:
     the sum of the members' likelihood gradients, with the ``0.01 (sum max - sum min)``
     penalty counted once rather than once per member (``member_loss`` adds it to each).
     Copies that start equal (constant init) and take equal Adam steps stay equal."""
-    g = dict(grads["params"])
-    for name, sign in (("max_logvar", 1.0), ("min_logvar", -1.0)):
-        shared = jnp.sum(g[name], 0) - (members - 1) * LOGVAR_LOSS_COEF * sign
-        g[name] = jnp.broadcast_to(shared, g[name].shape)
-    return {**grads, "params": g}
+    g = grads["params"]
+    tied = {name: jnp.broadcast_to(
+        jnp.sum(g[name], 0) - (members - 1) * LOGVAR_LOSS_COEF * sign, g[name].shape)
+        for name, sign in (("max_logvar", 1.0), ("min_logvar", -1.0))}
+    return flax.core.copy(grads, {"params": flax.core.copy(g, tied)})  # dict or FrozenDict
 
 
 def holdout_mse(spec: EnsembleSpec, params, scaler: Normalizer, batch) -> jax.Array:
