@@ -30,8 +30,8 @@ departure, scored below the kit's MOPO: benchmarks/fidelity/README.md). A checkp
 before that change resumes with its members' copies as saved: equal steps keep them apart.
 Deviations: a member's snapshot keeps the bounds of its own snapshot epoch, so rollouts use
 them per member, where the kit's use the pair as last trained (ablated with per-member
-bounds over 5 seeds: finals within 2 points seed for seed); elites are chosen by the snapshots' own
-held-out losses rather than by the last epoch's.
+bounds over 5 seeds: finals within 2 points seed for seed); elites are chosen by the
+snapshots' own held-out losses rather than by the last epoch's.
 
 The input scaler (mean/std of (s, a)) is fit on the training split once and kept in the
 state; targets are not scaled (as OfflineRL-Kit).

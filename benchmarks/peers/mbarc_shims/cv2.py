@@ -1,4 +1,5 @@
-"""No-op stand-in for opencv: MBARC calls setNumThreads at import and draws only windows."""
+"""Stand-in for opencv: MBARC calls setNumThreads at import; its frame resizing (real envs)
+and windows are off the benchmark's paths, so they raise here."""
 WINDOW_NORMAL = 0
 COLOR_RGB2GRAY = 7
 INTER_AREA = 3

@@ -1,6 +1,4 @@
 """baselines.common.vec_env.util (openai/baselines), as MBARC's DummyVecEnv imports it."""
-from collections import OrderedDict
-
 import gym
 import numpy as np
 
@@ -24,6 +22,3 @@ def obs_space_info(obs_space):
         subspaces = {None: obs_space}
     keys = list(subspaces)
     return (keys, {k: subspaces[k].shape for k in keys}, {k: subspaces[k].dtype for k in keys})
-
-
-__all__ = ["OrderedDict", "copy_obs_dict", "dict_to_obs", "obs_space_info"]
