@@ -16,6 +16,13 @@ both compute the same products (the peer evaluates all Q heads where jaxwm evalu
 it uses: its share is then an overestimate, ``notes``). Compile time (the first call) apart;
 steady state is the median of ``--repeats`` calls; peak memory is the process's.
 
+``floor_s`` and ``share_bound`` (update rows): the work of the update that is not a matrix
+product, each piece compiled and timed alone at the shapes of one head or step (``floor``:
+every hidden layer's LayerNorm + Mish, forward and backward where gradients flow, the dropout
+masks, both Adam steps, the target copy's EMA), and what that leaves for the matmul share at
+best, ``matmul_alone_s / (matmul_alone_s + floor_s)``. The floor leaves out SimNorm, the
+two-hot losses, the policy's squash and the gradient clip (so the bound is generous).
+
 The peer is nicklashansen/tdmpc2's own code, run between jaxwm's measurements when
 ``--peer-command`` is given: a command that prints one JSON line (``benchmarks/peers/
 tdmpc2_torch.py`` is that command; the reference code is never committed), at the same
@@ -29,9 +36,12 @@ thread count.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from common import (
     attach_peer,
     between_peer_runs,
@@ -39,11 +49,13 @@ from common import (
     parser,
     peak_memory,
     program_row,
+    timed,
     write_results,
 )
 
 from jaxwm.agents import tdmpc2
 from jaxwm.envs.types import EnvSpec
+from jaxwm.models import tdmpc2 as wm
 
 OBS_DIM, ACTION_DIM = 17, 6  # cheetah-run
 BATCH = 256
@@ -67,6 +79,61 @@ def fixed_batch(agent: tdmpc2.Agent) -> dict:
             "is_first": jnp.zeros((BATCH, window), bool)}
 
 
+def _ln_mish(x, scale, bias):
+    mean = jnp.mean(x, -1, keepdims=True)
+    return wm.mish((x - mean) * jax.lax.rsqrt(jnp.var(x, -1, keepdims=True) + 1e-5) * scale
+                   + bias)
+
+
+def _ln_mish_backward(x, scale, bias):
+    y, vjp = jax.vjp(_ln_mish, x, scale, bias)
+    return vjp(y)
+
+
+def floor(agent: tdmpc2.Agent, learner, repeats: int) -> dict[str, float]:
+    """Seconds of the update's non-matmul pieces, each alone (module docstring): the layers
+    counted from the update (``Agent.update_step``) for the model's sizes."""
+    s, h, b = agent.model.sizes, agent.hyper.horizon, BATCH
+    steps, with_pi = h * b, (h + 1) * b  # rows per head: model loss / TD target, policy loss
+    enc_hidden = max(s.num_enc_layers - 1, 1)
+    # (rows, width) -> layers: forward and backward (gradients flow) or forward only.
+    trained = {(steps, s.mlp_dim): 2 + 2 + 2 * s.num_q,  # dynamics, reward, every Q head
+               (with_pi, s.mlp_dim): 2 + 2 * 2,  # the policy prior, two Q heads on its actions
+               (b, s.enc_dim): enc_hidden}  # the encoder on the first observation
+    forward = {(steps, s.mlp_dim): 2 + 2 * 2,  # TD target: the prior, two target Q heads
+               (steps, s.enc_dim): enc_hidden}  # the encoder on the next observations
+    pieces = {}
+
+    def alone(fn, *args):
+        return timed(lambda: jax.block_until_ready(fn(*args)), repeats).median
+
+    for name, table, fn in (("LayerNorm+Mish fwd+bwd", trained, _ln_mish_backward),
+                            ("LayerNorm+Mish fwd", forward, _ln_mish)):
+        jitted = jax.jit(fn)
+        total = 0.0
+        for (rows, width), count in table.items():
+            x = jax.random.normal(jax.random.PRNGKey(0), (rows, width))
+            total += count * alone(jitted, x, jnp.ones(width), jnp.zeros(width))
+        pieces[name] = total
+    masks = jax.jit(lambda k, rows: jax.random.bernoulli(k, 1 - wm.Q_DROPOUT, (rows, s.mlp_dim)),
+                    static_argnums=1)
+    pieces["dropout masks"] = (s.num_q * alone(masks, jax.random.PRNGKey(0), steps)
+                               + 2 * alone(masks, jax.random.PRNGKey(0), with_pi))
+    model_tx, pi_tx = agent.optimizers()
+    params, pi_params = learner.params, wm.policy_params(learner.params)
+
+    def adam(tx, params, state):
+        grads = jax.tree.map(lambda p: 1e-3 * p, params)
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    pieces["Adam steps"] = (alone(jax.jit(partial(adam, model_tx)), params, learner.model_opt)
+                            + alone(jax.jit(partial(adam, pi_tx)), pi_params, learner.pi_opt))
+    ema = jax.jit(lambda online, target: optax.incremental_update(online, target, 0.01))
+    pieces["target EMA"] = alone(ema, wm.q_params(params), learner.target_qs)
+    return pieces
+
+
 def row(size: int, what: str, fn, args, per_call: float, unit: str, repeats: int) -> dict:
     out = program_row(fn, args, repeats, carry_first=what == "update")
     return {"size": f"{size}M", "what": what, **out,
@@ -78,6 +145,11 @@ def measure(size: int, repeats: int) -> list[dict]:
     learner = agent.init_learner(jax.random.PRNGKey(1))
     rows = [row(size, "update", agent.update_step,
                 (learner, fixed_batch(agent), jax.random.PRNGKey(2)), 1, "updates", repeats)]
+    pieces = floor(agent, learner, repeats)
+    rows[0]["floor_s"] = sum(pieces.values())
+    rows[0]["floor_pieces_s"] = pieces
+    rows[0]["share_bound"] = rows[0]["matmul_alone_s"] / (rows[0]["matmul_alone_s"]
+                                                          + rows[0]["floor_s"])
     policy = agent.planner()
     for envs in (1, 8):
         carry = policy.init_carry(learner, envs)
@@ -108,6 +180,10 @@ def main() -> None:
         "matmul_share: the time of the program's matrix products run alone over the program's "
         "time (1.0 = every cycle spent in matmuls at the rate this machine reaches for those "
         "shapes).",
+        "share_bound (update rows): matmul_alone_s / (matmul_alone_s + floor_s), floor_s the "
+        "non-matmul pieces of the update timed alone (LayerNorm + Mish, dropout masks, Adam, "
+        "target EMA; floor_pieces_s in the JSON): the highest matmul_share that XLA's code for "
+        "those pieces leaves room for on this machine.",
         "peak_mib: " + rows[0]["memory"] + ".",
     ]
     if peers:
@@ -125,7 +201,8 @@ def main() -> None:
 
         attach_peer(rows, peers, peer_seconds)
     columns = ["size", "what", "s_per_call", "updates_per_s", "env_steps_per_s", "peer_s",
-               "speedup", "matmul_gflop", "gflops", "matmul_share", "peer_matmul_share",
+               "speedup", "matmul_gflop", "gflops", "matmul_share", "share_bound", "floor_s",
+               "peer_matmul_share",
                "compile_s", "peak_mib"]
     write_results("tdmpc2", rows, hardware(), notes, columns=columns, quick=args.quick)
 
