@@ -12,8 +12,10 @@ is a cap); ``policy`` cycles imagine (one batch of model rollouts) -> update_age
 (``mopo.updates_per_epoch`` SAC updates), OfflineRL-Kit's rollout every 1000 updates, for
 ``phases.policy.duration`` updates (3M: OfflineRL-Kit's 3000 epochs).
 GORMPO fits its density model before the loop starts (cached per dataset). Its inverse
-shape, e^(tau - logp), is unbounded: give it a small coefficient (--config.penalty_coef=0.01
-learned on pendulum_tiny where 1.0 diverged).
+shape, e^(tau - logp), is unbounded: give it a small coefficient (--config.penalty_coef=0.001
+learned on pendulum_tiny where 1.0 diverged and 0.01 learned on one dataset only); softplus,
+softplus(-logp), grows with -logp too (there 1.0 learned on one dataset only, 0.1 in 2 of 3
+runs on the other).
 
 Settings follow OfflineRL-Kit's MOPO (yihaosun1124/OfflineRL-Kit): ensemble 7 / elites 5, 4x200 Swish,
 lr 1e-3, batch 256; rollouts from 50k dataset states, model buffer of 5 rollout batches,

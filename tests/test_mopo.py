@@ -177,7 +177,7 @@ def test_bad_settings_are_refused(pendulum_random, tmp_path, overrides, message)
 
 
 def test_an_inverse_penalty_with_a_large_coefficient_is_warned_about(pendulum_random, tmp_path):
-    with pytest.warns(UserWarning, match="inverse penalty .* unbounded.*penalty_coef=0.01"):
+    with pytest.warns(UserWarning, match=r"inverse penalty .* unbounded.*penalty_coef=0\.001"):
         runner.validate(mopo_config(pendulum_random, tmp_path, algo="gormpo", penalty="inverse"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -220,15 +220,22 @@ def pendulum_medium(tmp_path_factory):
 
 @pytest.mark.slow
 # The inverse shape is e^(tau - logp): unbounded, so it needs a small coefficient (at 1.0 the
-# penalty averaged 60-500 per step against rewards of about -2 and the Q-values ran away).
+# penalty averaged 60-500 per step against rewards of about -2 and the Q-values ran away; at
+# 0.01 it passed on one dataset, -272.4 against -275.6, and failed on this host's current one,
+# -371.0 against -268.0). softplus(-logp) grows with -logp too: at 1.0 it passed on the first
+# dataset (-185.9) and failed on the current one (-444.5). On the current dataset (2026-11-27):
+# inverse at 0.001 -171.1 and -240.6 (seed 2), one core each, and passed again in this test;
+# softplus at 0.1 -233.9 and -250.2 (seed 2), one core each, but -339.7 (seed 1 again) in this
+# test with two runs sharing 2 cores. So softplus stays marginal at this budget: runs of one
+# seed differ by ~100 with how XLA splits the work over threads.
 @pytest.mark.parametrize("algo, shape, coef", [("mopo", "", 1.0), ("gormpo", "linear", 1.0),
-                                               ("gormpo", "inverse", 0.01),
+                                               ("gormpo", "inverse", 0.001),
                                                ("gormpo", "tanh", 1.0),
-                                               ("gormpo", "softplus", 1.0)])
+                                               ("gormpo", "softplus", 0.1)])
 def test_pendulum_tiny_beats_the_behaviour_policy(pendulum_medium, tmp_path, algo, shape, coef):
-    """configs/mopo.py:pendulum_tiny as shipped (inverse: coefficient 0.01): the final
-    evaluation return (10 episodes, deterministic policy) beats the mean episode return of the
-    dataset it learned from."""
+    """configs/mopo.py:pendulum_tiny with each shape's coefficient (inverse 0.001, softplus 0.1,
+    the others 1.0): the final evaluation return (10 episodes, deterministic policy) beats the mean episode
+    return of the dataset it learned from."""
     behaviour = datasets.load_dataset(pendulum_medium).metadata["generation"][
         "dataset_return_mean"]
     config = jaxwm.config.load(os.path.join(ROOT, "configs/mopo.py:pendulum_tiny"),

@@ -115,7 +115,8 @@ def validate(config) -> None:
         warnings.warn(
             f"jaxwm: the inverse penalty e^(tau - logp) is unbounded; at penalty_coef "
             f"{config.penalty_coef} far out-of-distribution samples swamp the reward (on "
-            f"pendulum_tiny 1.0 diverged, 0.01 learned). Try --config.penalty_coef=0.01.",
+            f"pendulum_tiny 1.0 diverged, 0.01 learned on one dataset and not on another, "
+            f"0.001 learned). Try --config.penalty_coef=0.001.",
             stacklevel=2)
 
 
