@@ -219,6 +219,10 @@ def test_mbarc_groups_check_both_neighbours_at_every_index_and_count_negative_re
     weights = np.asarray(reward_balance.transition_weights("mbarc", classes, valid, continues))
     mass = [weights[np.asarray(groups) == g].sum() / weights.sum() for g in range(3)]
     np.testing.assert_allclose(mass, [0.35, 0.05, 0.6], atol=1e-3)
+    # What the head is trained on: -1 is 1 of the 2 rewarded transitions (0.3 of the mass),
+    # +1 the other 0.3, zero rewards 0.35 + 0.05.
+    np.testing.assert_allclose(reward_balance.sampled_class_shares(weights, classes),
+                               [0.3, 0.4, 0.3], atol=1e-3)
     assert reward_balance.mbarc_groups(classes, valid.at[1].set(False), continues)[1] == 0
 
 
@@ -240,6 +244,14 @@ def replay_of(rewards, dones, firsts):
              "is_first": jnp.asarray(firsts, bool)[:, None], "done": jnp.asarray(dones, bool)[:, None],
              "value": jnp.zeros((n, 1)), "value_known": jnp.zeros((n, 1), bool)}
     return replay.add(chunk)
+
+
+def test_real_reward_rates_count_executed_steps_only():
+    """Rows 0-5, an episode ending at row 3 (its done row executed no action): transitions
+    0, 1, 2 and 4 earn the classes of rows 1, 2, 3 and 5: +1, +1, 0, 0."""
+    replay = replay_of([1, 2, 2, 1, 0, 1], dones=[0, 0, 0, 1, 0, 0], firsts=[1, 0, 0, 0, 1, 0])
+    per_step, rewarded = simple.real_reward_rates(replay)
+    assert float(per_step) == pytest.approx(0.5) and float(rewarded) == pytest.approx(0.5)
 
 
 def test_values_are_discounted_returns_filled_in_when_episodes_end():

@@ -22,13 +22,16 @@ Hooks:
   value MSE, the latent's LSTM loss; the reward loss too for ``online``).
 * ``update_reward``: ``reward_steps_per_call`` steps of the reward head alone (batch 32) on
   transitions drawn by the strategy's weights; the trunk is frozen and runs without dropout.
+  ``reward/prior_loss`` beside ``reward/loss``: the loss of a head that knows only the class
+  mix it is sampled, which a head that has learned nothing yet sits at.
 * ``update_agent``: one PPO iteration in the simulator: ``sim.num_agents`` agents start from
   real frame stacks of the buffer (one of them from an episode's first frame), step the
   world model for ``ppo.num_steps`` steps (``acting.rollout`` over ``acting.sync`` of the
   model's step; frames by argmax or sampled, reward by the reward head), and PPO updates on
   that rollout, bootstrapping from its critic at the end (the reference's simulator never
   ends an episode and adds the world model's value to the 50th reward as well: counted twice).
-  Metrics go under ``sim/`` and never mix with the real env's.
+  Metrics go under ``sim/`` and never mix with the real env's; ``sim/real_*`` are the real
+  buffer's reward rates, to hold the simulator's against.
 
 The schedule (``phase_hooks``): phase ``random`` collects ``random_steps`` random transitions;
 each of ``epochs`` phases ``epoch_XX`` then runs ``collect:C, report_model, update_model:W,
@@ -266,6 +269,15 @@ def transitions(replay: SequenceReplay):
         jnp.int32)
     continues = valid & jnp.concatenate([valid[1:], jnp.zeros_like(valid[:1])])
     return valid, classes, continues
+
+
+def real_reward_rates(replay: SequenceReplay):
+    """The buffer's mean reward per executed step and its share of rewarded steps: the real
+    game's rates, logged beside the simulator's (``sim/real_*`` beside ``sim/*``)."""
+    valid, classes, _ = transitions(replay)
+    count = jnp.maximum(jnp.sum(valid), 1)
+    zero = reward_balance.ZERO
+    return jnp.sum(valid * (classes - zero)) / count, jnp.sum(valid & (classes != zero)) / count
 
 
 def scheduled_epsilon(step, decay_steps: int):
@@ -539,6 +551,10 @@ def build(config) -> Algorithm:
             s.strategy, classes, valid, continues, stage, s.balance_stages,
             tuple(s.mbarc_masses)).reshape(-1)
         logits_w = jnp.log(weights)
+        # The loss of a head that knows only the class mix it is sampled: a reward/loss near
+        # it means the head has not yet learned which frames are rewarded.
+        shares = reward_balance.sampled_class_shares(weights, classes.reshape(-1))
+        prior_loss = -jnp.sum(shares * jnp.log(jnp.maximum(shares, 1e-30)))
 
         def step(carry, key):
             params, opt_state = carry
@@ -566,7 +582,7 @@ def build(config) -> Algorithm:
         # degenerates to uniform sampling, which this metric makes visible.
         seen = jnp.sum(reward_balance.class_counts(classes, valid) > 0)
         return model, {**jax.tree.map(jnp.mean, metrics), "reward/stage": stage,
-                       "reward/classes_seen": seen}
+                       "reward/classes_seen": seen, "reward/prior_loss": prior_loss}
 
     _train_reward = backend.jit(over_seeds(train_reward), donate_argnums=0)
 
@@ -601,9 +617,14 @@ def build(config) -> Algorithm:
         agent = agent.replace(obs_rms=obs_rms, return_rms=return_rms)
         agent, metrics = ppo_update(agent, rollout, k_update)
         rewards = acting.successors(steps, final)["reward"]  # [T, n]
+        # The real data's rates beside the simulator's: a reward head that calls rewards far
+        # more often than the game pays them (a balanced strategy's prior) shows here.
+        real_per_step, real_rewarded = real_reward_rates(replay)
         return agent, {**metrics, "sim/reward_per_step": jnp.mean(rewards),
                        "sim/rollout_return": jnp.mean(jnp.sum(rewards, 0)),
-                       "sim/rewarded_steps": jnp.mean(rewards != 0)}
+                       "sim/rewarded_steps": jnp.mean(rewards != 0),
+                       "sim/real_reward_per_step": real_per_step,
+                       "sim/real_rewarded_steps": real_rewarded}
 
     _train_agent = backend.jit(over_seeds(train_agent), donate_argnums=0)
 

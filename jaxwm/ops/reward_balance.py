@@ -84,3 +84,11 @@ def transition_weights(strategy: str, classes, valid, same_episode_as_next, stag
     else:
         weights = class_weights(strategy, class_counts(classes, valid), stage, stages)[classes]
     return jnp.where(valid, weights + EPSILON, 0.0)
+
+
+def sampled_class_shares(weights: jnp.ndarray, classes: jnp.ndarray) -> jnp.ndarray:
+    """``[3]`` share of each class in batches drawn in proportion to ``weights`` (any
+    strategy's, same layout as ``classes``): the class mix the reward head is trained on."""
+    onehot = classes[..., None] == jnp.arange(NUM_CLASSES)
+    mass = jnp.sum((onehot * weights[..., None]).reshape(-1, NUM_CLASSES), axis=0)
+    return mass / jnp.maximum(jnp.sum(mass), 1e-30)
