@@ -98,7 +98,8 @@ def test_a_policy_trained_only_in_the_model_beats_random_play_in_the_real_game(t
     this test, 33 min with another run beside it. Not robust across seeds: seed 2 at the same
     budget scored 853 (std 166) against random 2756 (std 387), seed 3 1306 (std 373), a
     policy that exploits the model's errors, as seed 1 did with 300 or 500 PPO iterations
-    (1081 and 953, README). SimPLe's remedy is more epochs of real data; one epoch is what 2 CPU cores allow."""
+    (1081 and 953, README). SimPLe's remedy is more epochs of real data; one epoch is what 2
+    CPU cores allow."""
     settings = {"env.id": "CrazyClimber-v5", "env.max_episode_steps": 1000,
                 "env.img_height": 52, "env.img_width": 40, "env.num_envs": 8,
                 "simple.random_steps": 8192, "simple.collect_per_epoch": 4096,
