@@ -35,10 +35,16 @@ NUM_CLASSES = 3
 EPSILON = 1e-4  # the reference's floor on every weight
 
 
+def class_mass(classes: jnp.ndarray, weights: jnp.ndarray) -> jnp.ndarray:
+    """``[3]`` sum of ``weights`` (same layout as ``classes``) over each class."""
+    onehot = classes[..., None] == jnp.arange(NUM_CLASSES)
+    return jnp.sum((onehot * weights[..., None]).reshape(-1, NUM_CLASSES), axis=0).astype(
+        jnp.float32)
+
+
 def class_counts(classes: jnp.ndarray, valid: jnp.ndarray) -> jnp.ndarray:
     """``[3]`` transitions per class among the valid ones."""
-    onehot = (classes[..., None] == jnp.arange(NUM_CLASSES)) & valid[..., None]
-    return jnp.sum(onehot.reshape(-1, NUM_CLASSES), axis=0).astype(jnp.float32)
+    return class_mass(classes, valid)
 
 
 def class_weights(strategy: str, counts: jnp.ndarray, stage=0, stages: int = 50) -> jnp.ndarray:
@@ -89,6 +95,5 @@ def transition_weights(strategy: str, classes, valid, same_episode_as_next, stag
 def sampled_class_shares(weights: jnp.ndarray, classes: jnp.ndarray) -> jnp.ndarray:
     """``[3]`` share of each class in batches drawn in proportion to ``weights`` (any
     strategy's, same layout as ``classes``): the class mix the reward head is trained on."""
-    onehot = classes[..., None] == jnp.arange(NUM_CLASSES)
-    mass = jnp.sum((onehot * weights[..., None]).reshape(-1, NUM_CLASSES), axis=0)
+    mass = class_mass(classes, weights)
     return mass / jnp.maximum(jnp.sum(mass), 1e-30)
