@@ -209,8 +209,20 @@ def test_mopo_plot_reads_both_sides_logs(tmp_path):
     assert "| OfflineRL-Kit | mean |" in (again / "mopo_pendulum_medium.md").read_text()
     with pytest.raises(SystemExit, match="has the sides"):
         mopo_fidelity.main(replot + ["--reuse", "nobody"])
-    with pytest.raises(SystemExit, match="has runs here too"):
+    with pytest.raises(SystemExit, match=r"seeds \[1, 2\] of 'jaxwm' have runs here too"):
         mopo_fidelity.main(replot + ["--reuse", "jaxwm"])
+    # More seeds for a side whose first runs' logs are gone: stored seed 1 joins new seed 2
+    more = tmp_path / "more"
+    shutil.copytree(runs / "mopo" / "jaxwm" / "seed2", more / "runs" / "mopo" / "jaxwm" / "seed2")
+    stored = json.loads((tmp_path / "mopo_pendulum_medium.json").read_text())
+    stored["curves"]["jaxwm"] = {"1": stored["curves"]["jaxwm"]["1"]}
+    (more / "mopo_pendulum_medium.json").write_text(json.dumps(stored))
+    mopo_fidelity.main(["plot", "--seeds", "1", "2", "--runs", str(more / "runs"), "--set",
+                        "epochs=3", "--set", f"dataset={tmp_path / 'absent.hdf5'}", "--results",
+                        str(more), "--figures", str(more), "--reuse", "jaxwm"])
+    merged = json.loads((more / "mopo_pendulum_medium.json").read_text())["curves"]["jaxwm"]
+    assert merged == json.loads((tmp_path / "mopo_pendulum_medium.json").read_text())[
+        "curves"]["jaxwm"]
 
 
 def test_eval_starts_needs_the_behaviour_sac_and_says_so(tmp_path):

@@ -112,7 +112,9 @@ def save_table(results: str, name: str, payload: dict, curves: dict, text: str) 
 def add_reused(curves: dict, labels: dict, path: str, requests: list[str]) -> None:
     """Add to ``curves`` (and ``labels``) each ``SIDE[=LABEL]`` of ``--reuse``: that side's
     curves from the results JSON at ``path`` (an earlier plot's, e.g. the committed one whose
-    runs were made on another day), read before this plot overwrites it."""
+    runs were made on another day), read before this plot overwrites it. Where this plot has
+    runs of its own under that label, the stored seeds join them (more seeds for a side whose
+    first runs' logs are gone); a seed in both is an error."""
     if not requests:
         return
     if not os.path.exists(path):
@@ -124,10 +126,13 @@ def add_reused(curves: dict, labels: dict, path: str, requests: list[str]) -> No
         label = label or side
         if side not in stored:
             raise SystemExit(f"--reuse {request!r}: {path} has the sides {sorted(stored)}")
-        if label in curves:
-            raise SystemExit(f"--reuse {side}: {label!r} has runs here too; give another label")
-        curves[label] = {int(seed): np.array([np.nan if v is None else v for v in values], float)
-                         for seed, values in stored[side].items()}
+        reused = {int(seed): np.array([np.nan if v is None else v for v in values], float)
+                  for seed, values in stored[side].items()}
+        both = sorted(set(reused) & set(curves.get(label, {})))
+        if both:
+            raise SystemExit(f"--reuse {side}: seeds {both} of {label!r} have runs here too; "
+                             "give another label (--reuse SIDE=LABEL)")
+        curves[label] = {**reused, **curves.get(label, {})}
         labels[label] = labels.get(side, side) if label == side else label
 
 
