@@ -7,7 +7,10 @@ Rows, per model size (``--sizes``), on cheetah-run's shapes (17 observations, 6 
   replay's sampling left out, as on the peer's side), seconds and updates/s;
 * ``plan x1``: one MPPI step for one env (6 iterations of 512 samples, 24 policy
   trajectories): the acting layer's ``act`` of the planner, seconds and env steps/s;
-* ``plan x8``: the same for 8 envs at once (one jitted call plans for all of them).
+* ``plan x8``: the same for 8 envs in one jitted call, one env after another (``lax.map``,
+  the planner's default on a CPU: ``mppi.MPPIHyper.envs_per_batch``);
+* ``plan x8 vmapped``: the 8 envs' candidates in one batch (4,096 rows per layer; the default
+  on a GPU).
 
 ``matmul_share``: the time this machine needs for exactly the program's matrix products (every
 ``dot_general`` of its jaxpr, loops counted by their length, run alone: ``common.matmuls_alone``)
@@ -16,14 +19,19 @@ both compute the same products (the peer evaluates all Q heads where jaxwm evalu
 it uses: its share is then an overestimate, ``notes``). Compile time (the first call) apart;
 steady state is the median of ``--repeats`` calls; peak memory is the process's.
 
-``floor_s`` and ``share_bound`` (update rows): the work of the update that is not a matrix
-product, each piece compiled and timed alone at the shapes of one head or step (``floor``:
-every hidden layer's LayerNorm + Mish, forward and backward where gradients flow, the dropout
-masks, both Adam steps, the target copy's EMA), and what that leaves for the matmul share at
-best, ``matmul_alone_s / (matmul_alone_s + floor_s)``. The floor leaves out SimNorm, the
-two-hot losses, the policy's squash and the gradient clip (so the bound is generous). Each
-piece is a median of ``--repeats`` calls; at ``--quick``'s one call the floor is noisy enough
-to put the bound below the share measured (seen once at 1M: 55% against 59%).
+``floor_s`` and ``share_bound``: the work of a program that is not a matrix product, each
+piece compiled and timed alone at the shapes of one head or step, and what that leaves for
+the matmul share at best, ``matmul_alone_s / (matmul_alone_s + floor_s)``. For the update
+(``floor``): every hidden layer's LayerNorm + Mish, forward and backward where gradients flow,
+the dropout masks, both Adam steps, the target copy's EMA; it leaves out SimNorm, the two-hot
+losses, the policy's squash and the gradient clip. For planning (``plan_floor``, per env):
+every hidden layer's LayerNorm + Mish and every latent's LayerNorm + SimNorm in the
+candidates' and the policy prior's rollouts, the two-hot decodes of rewards and Q-values, and
+MPPI's own sampling, top-k and refit on an objective that costs nothing; it leaves out the
+policy's squash and the concatenations. Both bounds are generous. Layers run ``count`` times
+in one ``lax.scan`` (``_looped``), not one dispatch each. Each piece is a median of
+``--repeats`` calls; at ``--quick``'s one call the floor is noisy enough to put the bound
+below the share measured (seen once at 1M: 55% against 59%).
 
 The peer is nicklashansen/tdmpc2's own code, run between jaxwm's measurements when
 ``--peer-command`` is given: a command that prints one JSON line (``benchmarks/peers/
@@ -38,6 +46,7 @@ thread count.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 import flax.linen as nn
@@ -56,9 +65,10 @@ from common import (
     write_results,
 )
 
-from jaxwm.agents import tdmpc2
+from jaxwm.agents import mppi, tdmpc2
 from jaxwm.envs.types import EnvSpec
 from jaxwm.models import tdmpc2 as wm
+from jaxwm.ops.dropout import dropout
 
 OBS_DIM, ACTION_DIM = 17, 6  # cheetah-run
 BATCH = 256
@@ -93,6 +103,41 @@ def _ln_mish_backward(x, scale, bias):
     return vjp(y)
 
 
+def _ln_simnorm(x, scale, bias):
+    """The latent's output layer after its matmul: LayerNorm, then SimNorm."""
+    return wm.simnorm(nn.LayerNorm().apply({"params": {"scale": scale, "bias": bias}}, x))
+
+
+def _alone(fn, repeats: int, *args) -> float:
+    return timed(lambda: jax.block_until_ready(fn(*args)), repeats).median
+
+
+def _looped(fn, count: int):
+    """``fn(x, *rest)`` run ``count`` times in one ``lax.scan``, with no dispatch between the
+    calls (a floor of hundreds of small layers would otherwise time the dispatcher): each call
+    takes ``x`` times a scalar carried from the last call's output, so none is hoisted out of
+    the loop, and that product fuses into the piece's own first pass."""
+
+    @jax.jit
+    def run(x, *rest):
+        def body(carry, _):
+            first = jax.tree.leaves(fn(x * carry, *rest))[0]
+            return 1.0 + 1e-30 * first.reshape(-1)[0], None
+
+        return jax.lax.scan(body, jnp.ones(()), None, length=count)[0]
+
+    return run
+
+
+def _layers_alone(table: dict, fn, repeats: int) -> float:
+    """Seconds for ``count`` calls of ``fn`` on ``(rows, width)`` activations, per table entry."""
+    total = 0.0
+    for (rows, width), count in table.items():
+        x = jax.random.normal(jax.random.PRNGKey(0), (rows, width))
+        total += _alone(_looped(fn, count), repeats, x, jnp.ones(width), jnp.zeros(width))
+    return total
+
+
 def floor(agent: tdmpc2.Agent, learner, repeats: int) -> dict[str, float]:
     """Seconds of the update's non-matmul pieces, each alone (module docstring): the layers
     counted from the update (``Agent.update_step``) for the model's sizes."""
@@ -105,23 +150,12 @@ def floor(agent: tdmpc2.Agent, learner, repeats: int) -> dict[str, float]:
                (b, s.enc_dim): enc_hidden}  # the encoder on the first observation
     forward = {(steps, s.mlp_dim): 2 + 2 * 2,  # TD target: the prior, two target Q heads
                (steps, s.enc_dim): enc_hidden}  # the encoder on the next observations
-    pieces = {}
-
-    def alone(fn, *args):
-        return timed(lambda: jax.block_until_ready(fn(*args)), repeats).median
-
-    for name, table, fn in (("LayerNorm+Mish fwd+bwd", trained, _ln_mish_backward),
-                            ("LayerNorm+Mish fwd", forward, _ln_mish)):
-        jitted = jax.jit(fn)
-        total = 0.0
-        for (rows, width), count in table.items():
-            x = jax.random.normal(jax.random.PRNGKey(0), (rows, width))
-            total += count * alone(jitted, x, jnp.ones(width), jnp.zeros(width))
-        pieces[name] = total
-    masks = jax.jit(lambda k, rows: jax.random.bernoulli(k, 1 - wm.Q_DROPOUT, (rows, s.mlp_dim)),
+    pieces = {"LayerNorm+Mish fwd+bwd": _layers_alone(trained, _ln_mish_backward, repeats),
+              "LayerNorm+Mish fwd": _layers_alone(forward, _ln_mish, repeats)}
+    masks = jax.jit(lambda k, rows: dropout(k, jnp.ones((rows, s.mlp_dim)), wm.Q_DROPOUT),
                     static_argnums=1)
-    pieces["dropout masks"] = (s.num_q * alone(masks, jax.random.PRNGKey(0), steps)
-                               + 2 * alone(masks, jax.random.PRNGKey(0), with_pi))
+    pieces["dropout masks"] = (s.num_q * _alone(masks, repeats, jax.random.PRNGKey(0), steps)
+                               + 2 * _alone(masks, repeats, jax.random.PRNGKey(0), with_pi))
     model_tx, pi_tx = agent.optimizers()
     params, pi_params = learner.params, wm.policy_params(learner.params)
 
@@ -130,11 +164,44 @@ def floor(agent: tdmpc2.Agent, learner, repeats: int) -> dict[str, float]:
         updates, state = tx.update(grads, state, params)
         return optax.apply_updates(params, updates), state
 
-    pieces["Adam steps"] = (alone(jax.jit(partial(adam, model_tx)), params, learner.model_opt)
-                            + alone(jax.jit(partial(adam, pi_tx)), pi_params, learner.pi_opt))
+    pieces["Adam steps"] = (_alone(jax.jit(partial(adam, model_tx)), repeats, params,
+                                   learner.model_opt)
+                            + _alone(jax.jit(partial(adam, pi_tx)), repeats, pi_params,
+                                     learner.pi_opt))
     ema = jax.jit(lambda online, target: optax.incremental_update(online, target, 0.01))
-    pieces["target EMA"] = alone(ema, wm.q_params(params), learner.target_qs)
+    pieces["target EMA"] = _alone(ema, repeats, wm.q_params(params), learner.target_qs)
     return pieces
+
+
+def plan_floor(agent: tdmpc2.Agent, repeats: int) -> dict[str, float]:
+    """Seconds of one env's planning step that are not matrix products, each piece alone
+    (module docstring), counted from ``Agent.objective`` and ``mppi.plan``: per iteration, the
+    candidates' rollouts (reward and dynamics, ``horizon`` steps), the policy prior and two Q
+    heads at the final latent; once, the policy prior's own rollouts."""
+    s, p = agent.model.sizes, agent.planning
+    n, h, iters = p.num_samples, p.horizon, p.iterations
+    hidden = {(n, s.mlp_dim): iters * (4 * h + 2 + 2 * 2),  # reward, dynamics; pi, two Q heads
+              (p.num_pi_trajs, s.mlp_dim): 4 * h}  # the prior's rollouts: pi, dynamics
+    latent = {(n, s.latent_dim): iters * h, (p.num_pi_trajs, s.latent_dim): h}
+    logits = jax.random.normal(jax.random.PRNGKey(0), (n, wm.NUM_BINS))
+    pieces = {"LayerNorm+Mish fwd": _layers_alone(hidden, _ln_mish, repeats),
+              "LayerNorm+SimNorm fwd": _layers_alone(latent, _ln_simnorm, repeats),
+              "two-hot decodes": _alone(_looped(wm.decode, iters * (h + 2)), repeats, logits)}
+    # MPPI's own work (sampling, top-k, the elites' refit, the final pick) on a free objective.
+    mean = jnp.zeros((h, agent.action_dim))
+    fixed = jnp.zeros((p.num_pi_trajs, h, agent.action_dim))
+    search = jax.jit(lambda key: mppi.plan(lambda seqs, k: -jnp.sum(seqs ** 2, (1, 2)), key,
+                                           mean, p, fixed))
+    pieces["MPPI sampling, top-k, refit"] = _alone(search, repeats, jax.random.PRNGKey(0))
+    return pieces
+
+
+def with_bound(row: dict, pieces: dict[str, float], copies: int = 1) -> dict:
+    """``row`` with its floor (``copies`` times ``pieces``) and the share that leaves room for."""
+    row["floor_pieces_s"] = {k: copies * v for k, v in pieces.items()}
+    row["floor_s"] = sum(row["floor_pieces_s"].values())
+    row["share_bound"] = row["matmul_alone_s"] / (row["matmul_alone_s"] + row["floor_s"])
+    return row
 
 
 def row(size: int, what: str, fn, args, per_call: float, unit: str, repeats: int) -> dict:
@@ -148,17 +215,19 @@ def measure(size: int, repeats: int) -> list[dict]:
     learner = agent.init_learner(jax.random.PRNGKey(1))
     rows = [row(size, "update", agent.update_step,
                 (learner, fixed_batch(agent), jax.random.PRNGKey(2)), 1, "updates", repeats)]
-    pieces = floor(agent, learner, repeats)
-    rows[0]["floor_s"] = sum(pieces.values())
-    rows[0]["floor_pieces_s"] = pieces
-    rows[0]["share_bound"] = rows[0]["matmul_alone_s"] / (rows[0]["matmul_alone_s"]
-                                                          + rows[0]["floor_s"])
-    policy = agent.planner()
-    for envs in (1, 8):
+    with_bound(rows[0], floor(agent, learner, repeats))
+    planning = plan_floor(agent, repeats)
+    # 8 envs one after another (the CPU default) and all 8 vmapped at once (the GPU default).
+    for envs, per_batch in ((1, 1), (8, 1), (8, 8)):
+        planner = dataclasses.replace(
+            agent, planning=dataclasses.replace(agent.planning, envs_per_batch=per_batch))
+        policy = planner.planner()
         carry = policy.init_carry(learner, envs)
         obs = jax.random.normal(jax.random.PRNGKey(3), (envs, OBS_DIM))
         args = (learner, carry, obs, jnp.zeros(envs, bool), jax.random.PRNGKey(4), 1.0)
-        rows.append(row(size, f"plan x{envs}", policy.act, args, envs, "env_steps", repeats))
+        what = f"plan x{envs}" + (" vmapped" if per_batch > 1 else "")
+        rows.append(with_bound(row(size, what, policy.act, args, envs, "env_steps", repeats),
+                               planning, envs))
     mib, label = peak_memory()
     for r in rows:
         r["peak_mib"], r["memory"] = mib, label
@@ -183,10 +252,11 @@ def main() -> None:
         "matmul_share: the time of the program's matrix products run alone over the program's "
         "time (1.0 = every cycle spent in matmuls at the rate this machine reaches for those "
         "shapes).",
-        "share_bound (update rows): matmul_alone_s / (matmul_alone_s + floor_s), floor_s the "
-        "non-matmul pieces of the update timed alone (LayerNorm + Mish, dropout masks, Adam, "
-        "target EMA; floor_pieces_s in the JSON): the highest matmul_share that XLA's code for "
-        "those pieces leaves room for on this machine.",
+        "share_bound: matmul_alone_s / (matmul_alone_s + floor_s), floor_s the program's "
+        "non-matmul pieces timed alone (update: LayerNorm + Mish, dropout masks, Adam, target "
+        "EMA; planning: LayerNorm + Mish and + SimNorm, two-hot decodes, MPPI's sampling, "
+        "top-k and refit; floor_pieces_s in the JSON): the highest matmul_share that XLA's "
+        "code for those pieces leaves room for on this machine.",
         "peak_mib: " + rows[0]["memory"] + ".",
     ]
     if peers:

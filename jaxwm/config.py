@@ -91,6 +91,7 @@ ZERO_MEANS = {
     "env.noop_max": "no no-op starts", "env.masked_indices": "an index",
     "ppo.anneal_env_steps": "no annealing", "dreamer.report_every": "never",
     "dreamer.warmup": "no warm-up",
+    "tdmpc2.envs_per_batch": "1 on a CPU, every env on a GPU",
 }
 NOT_SIZES = ("env.camera",)  # indices that may be negative
 # Phases are checked by the loop's parser (loop.phases.phases_from_config): only those in

@@ -3,6 +3,7 @@ masks, the planner as a policy, configs and bad input. The whole run (every phas
 devices, seeds) is the contract suite's (tests/test_contract.py); learning is
 tests/test_tdmpc2_learning.py (slow)."""
 
+import dataclasses
 import math
 
 import jax
@@ -172,6 +173,32 @@ def test_the_planner_policy_carries_each_envs_mean_and_resets_it_at_episode_star
     np.testing.assert_allclose(carry[1, :, 0], [0.5, 0.6, 0.0], atol=1e-5)
     np.testing.assert_allclose(action[:, 0], [0.0, 0.5], atol=1e-5)
     assert extras == {}
+
+
+@pytest.mark.parametrize("envs_per_batch", [1, 2])
+def test_planning_envs_in_turn_equals_planning_them_all_at_once(envs_per_batch):
+    """``envs_per_batch`` only changes how the envs are batched (1 or 2 of 5 at a time, a
+    remainder included), not their plans: each env keeps its own key."""
+    agent = agent_lib.make(spec(), agent_lib.config_block(
+        model_size=1, num_samples=16, num_elites=4, num_pi_trajs=2, iterations=2))
+    learner = agent.init_learner(jax.random.PRNGKey(0))
+    args = (learner, jnp.zeros((5, 3, 2)), jax.random.normal(jax.random.PRNGKey(1), (5, 5)),
+            jnp.array([True, False, True, False, False]), jax.random.PRNGKey(2), 1.0)
+    outputs = []
+    for per_batch in (0, envs_per_batch):
+        planning = dataclasses.replace(agent.planning, envs_per_batch=per_batch)
+        outputs.append(jax.jit(dataclasses.replace(agent, planning=planning).planner().act)(
+            *args))
+    for together, in_turn in zip(outputs[0][:2], outputs[1][:2], strict=True):
+        np.testing.assert_allclose(in_turn, together, atol=1e-5)
+
+
+def test_the_planner_batches_envs_by_backend_unless_told():
+    block = agent_lib.config_block()
+    expected = 1 if jax.default_backend() == "cpu" else 0
+    assert agent_lib.planner_hyper(block, 6).envs_per_batch == expected
+    block.envs_per_batch = 4
+    assert agent_lib.planner_hyper(block, 6).envs_per_batch == 4
 
 
 def test_planner_maps_actions_to_the_env_box():

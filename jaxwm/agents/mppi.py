@@ -21,8 +21,8 @@ by the acting temperature (1 in training, 0 in evaluation, where the reference a
 Warm start (``warm_start``): the next step's search starts from this step's final mean shifted
 by one step (the last step's mean 0), or from zeros at an episode's first step; the std always
 restarts at ``max_std``. As an acting-layer policy (``policy``) that mean is the carry, kept
-per env, so a batch of envs plans at once in one jitted function of
-``(params, carry, obs, is_first, key)``.
+per env, so a batch of envs plans in one jitted function of ``(params, carry, obs, is_first,
+key)``: all of them vmapped at once, or ``envs_per_batch`` at a time one batch after another.
 
 Actions are in [-1, 1]; the caller maps them to an env's box.
 """
@@ -53,6 +53,11 @@ class MPPIHyper:
     temperature: float = 0.5
     min_std: float = 0.05
     max_std: float = 2.0
+    # Envs planned together in one vmapped batch; more envs go through ``lax.map`` in chunks of
+    # this many. 0: all at once. On a CPU 1 is faster: one env's 512 candidates keep every
+    # layer's activations (512 x 512 floats, 1 MB) in cache, 8 envs' do not
+    # (benchmarks/README.md, TD-MPC2). On a GPU all at once fills the device.
+    envs_per_batch: int = 0
 
 
 def warm_start(prev_mean: jax.Array, is_first: jax.Array) -> jax.Array:
@@ -143,7 +148,9 @@ def policy(make_objective: Callable, hyper: MPPIHyper, action_dim: int) -> actin
             return result.prior.mean, select(k_select, result, temperature)
 
         keys = jax.random.split(key, obs.shape[0])
-        mean, action = jax.vmap(one)(carry, obs, is_first, keys)
+        batch = hyper.envs_per_batch or obs.shape[0]
+        mean, action = jax.lax.map(lambda args: one(*args), (carry, obs, is_first, keys),
+                                   batch_size=min(batch, obs.shape[0]))
         return mean, action, {}
 
     return acting.Policy(init_carry=init_carry, act=act)

@@ -87,6 +87,7 @@ def config_block(**overrides) -> ml_collections.ConfigDict:
     c.temperature = 0.5
     c.min_std = 0.05
     c.max_std = 2.0
+    c.envs_per_batch = 0  # envs planned at once, the rest in turn; 0: 1 on a CPU, all on a GPU
     c.seed_steps = 2500  # random env steps first: max(1000, 5 x episode length)
     c.capacity = 1_000_000
     c.steps_per_collect = 1  # per env
@@ -128,6 +129,8 @@ class Hyper:
 def planner_hyper(cfg, action_dim: int) -> mppi.MPPIHyper:
     values = {k: v for k, v in cfg.items() if k in PLANNER_FIELDS}
     values["iterations"] = cfg.iterations + 2 * int(action_dim >= 20)
+    if not cfg.envs_per_batch:  # MPPIHyper.envs_per_batch says why one env at a time on a CPU
+        values["envs_per_batch"] = 1 if jax.default_backend() == "cpu" else 0
     return mppi.MPPIHyper(**values)
 
 

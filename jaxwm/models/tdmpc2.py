@@ -12,11 +12,11 @@ Five MLPs over a latent state ``z`` that never decodes back to observations:
 * Q ensemble   Q_i(z, a), i < num_q      (``q``: logits of two-hot over 101 bins each)
 
 Every hidden layer is Linear -> LayerNorm -> Mish (``NormedLinear``); the first hidden layer of
-each Q network has dropout 0.01. SimNorm (sec. 3.2) splits the latent into groups of 8 and
-takes a softmax over each, so every group is a point on a simplex: the latent stays bounded
-and sparse whatever the task's scale. Rewards and Q-values are regressed as two-hot
-distributions over 101 bins evenly spaced in symlog space on [-10, 10] (``ops.twohot``), as
-DreamerV3 does with 255 bins on [-20, 20].
+each Q network has dropout 0.01 (``ops.dropout``, which makes it 655/65536). SimNorm (sec.
+3.2) splits the latent into groups of 8 and takes a softmax over each, so every group is a
+point on a simplex: the latent stays bounded and sparse whatever the task's scale. Rewards
+and Q-values are regressed as two-hot distributions over 101 bins evenly spaced in symlog
+space on [-10, 10] (``ops.twohot``), as DreamerV3 does with 255 bins on [-20, 20].
 
 Initialisation as the reference: every Linear's weights truncated-normal with std 0.02 and
 zero biases, and the last layers of the reward head and every Q head all zeros (so both start
@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxwm.ops import twohot
+from jaxwm.ops.dropout import dropout
 
 LOG_STD_MIN, LOG_STD_MAX = -10.0, 2.0
 NUM_BINS, V_MIN, V_MAX = 101, -10.0, 10.0
@@ -115,8 +116,8 @@ class NormedLinear(nn.Module):
     @nn.compact
     def __call__(self, x, train: bool = False):
         x = _dense(self.features)(x)
-        if self.dropout:
-            x = nn.Dropout(self.dropout)(x, deterministic=not train)
+        if self.dropout and train:  # ops.dropout: half the random bits of nn.Dropout
+            x = dropout(self.make_rng("dropout"), x, self.dropout)
         x = nn.LayerNorm()(x)
         return simnorm(x) if self.act == "simnorm" else mish(x)
 
