@@ -3,11 +3,10 @@ Way to Prevent Neural Networks from Overfitting", JMLR; inverted scaling as PyTo
 flax's ``Dropout``).
 
 Why not ``flax.linen.Dropout``: it draws a float32 uniform per element, one 32-bit word of
-JAX's threefry hash each, and on a CPU that hash is the dropout's whole cost. TD-MPC2's Q
-heads drop 1% of 5 x 768 x 512 activations per update; drawing their mask took 14 ms, and the
-Q ensemble's forward and backward 307 ms with it against 246 without (one measurement, 2 cores
-shared with another job). Here each 32-bit word gives two 16-bit uniforms, so the hash runs
-half as often (5.5 ms for the same mask, 266 ms for the block).
+JAX's threefry hash each, and on a CPU that hash is most of the dropout's cost (TD-MPC2's Q
+heads drop 1% of 5 x 768 x 512 activations per update). Here each 32-bit word gives two
+16-bit uniforms, so the hash runs half as often; what that saves in TD-MPC2's update is
+measured in benchmarks/README.md (TD-MPC2, runs 6 and 7).
 
 The rate is quantised to a multiple of 1/65536 (0.01 becomes 655/65536 = 0.0099945) and the
 kept activations are divided by the exact keep probability, so the expectation of the output
