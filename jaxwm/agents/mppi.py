@@ -148,9 +148,11 @@ def policy(make_objective: Callable, hyper: MPPIHyper, action_dim: int) -> actin
             return result.prior.mean, select(k_select, result, temperature)
 
         keys = jax.random.split(key, obs.shape[0])
-        batch = hyper.envs_per_batch or obs.shape[0]
-        mean, action = jax.lax.map(lambda args: one(*args), (carry, obs, is_first, keys),
-                                   batch_size=min(batch, obs.shape[0]))
+        if 0 < hyper.envs_per_batch < obs.shape[0]:
+            mean, action = jax.lax.map(lambda args: one(*args), (carry, obs, is_first, keys),
+                                       batch_size=hyper.envs_per_batch)
+        else:  # all at once, with no loop around it
+            mean, action = jax.vmap(one)(carry, obs, is_first, keys)
         return mean, action, {}
 
     return acting.Policy(init_carry=init_carry, act=act)
