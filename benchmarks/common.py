@@ -291,10 +291,10 @@ def dot_flops(shapes: collections.Counter) -> float:
     return total
 
 
-def matmuls_alone(shapes: collections.Counter, repeats: int) -> float:
-    """Median seconds for exactly the dots of ``shapes`` and nothing else, each run ``count``
-    times in a ``lax.scan`` (each input depends on the last output, so none is hoisted out
-    of the loop): this machine's time for a program's matrix products, its best case. The
+def matmuls_alone(shapes: collections.Counter) -> Callable[[], jax.Array]:
+    """A call that runs exactly the dots of ``shapes`` and nothing else, each ``count`` times in
+    a ``lax.scan`` (each input depends on the last output, so none is hoisted out of the loop):
+    its time is this machine's time for a program's matrix products, their best case. The
     dependency costs one elementwise add over the left operand per product, a few per cent of
     the smallest products: if anything this overstates the matmul time (and a share)."""
     plan = [(dims, count) for (_, _, dims, _), count in shapes.items()]
@@ -313,15 +313,20 @@ def matmuls_alone(shapes: collections.Counter, repeats: int) -> float:
             total = total + final.reshape(-1)[0]
         return total
 
-    return timed(lambda: run(tensors), repeats).median
+    return lambda: run(tensors)
 
 
 def program_row(fn: Callable, args: tuple, repeats: int, carry_first: bool = False) -> dict:
     """One jitted program's row: ``fn(*args)`` compiled as training compiles it
     (``backend.jit``), compile time apart, the median of ``repeats`` calls, its matrix
-    products' GFLOP (``dot_shapes``) and their time run alone (``matmuls_alone``) over the
-    program's (``matmul_share``). ``carry_first``: the first output replaces the first argument
-    between calls (a learner that goes on, as in training)."""
+    products' GFLOP (``dot_shapes``) and their time run alone (``matmuls_alone``).
+
+    The program and its matmuls alone are timed in turn, one call of each per repeat, and
+    ``matmul_share`` is the median over repeats of matmul time / program time. Timed apart (all
+    the program's calls, then all the matmuls'), the share moved by 20 points between runs on
+    a shared VM, as the host's speed drifted between the two batches; in turn, both sides of
+    each ratio see the same host. ``carry_first``: the first output replaces the first
+    argument between calls (a learner that goes on, as in training)."""
     from jaxwm import backend
 
     jitted = backend.jit(fn)
@@ -333,14 +338,17 @@ def program_row(fn: Callable, args: tuple, repeats: int, carry_first: bool = Fal
             state["args"] = (out[0],) + state["args"][1:]
         return out
 
-    timing = timed(call, repeats)
     shapes = dot_shapes(fn, *args)
-    matmul_s = matmuls_alone(shapes, repeats)
+    matmuls = matmuls_alone(shapes)
+    compile_s = seconds(call)
+    seconds(matmuls)  # its compile
+    pairs = [(seconds(call), seconds(matmuls)) for _ in range(repeats)]
+    program_s = median([p for p, _ in pairs])
     flops = dot_flops(shapes)
-    return {"s_per_call": timing.median, "matmul_gflop": flops / 1e9,
-            "gflops": flops / timing.median / 1e9, "matmul_alone_s": matmul_s,
-            "matmul_share": matmul_s / timing.median, "compile_s": timing.compile_s,
-            "samples_s": timing.samples}
+    return {"s_per_call": program_s, "matmul_gflop": flops / 1e9,
+            "gflops": flops / program_s / 1e9, "matmul_alone_s": median([m for _, m in pairs]),
+            "matmul_share": median([m / p for p, m in pairs]), "compile_s": compile_s,
+            "samples_s": [p for p, _ in pairs], "matmul_alone_samples_s": [m for _, m in pairs]}
 
 
 # ----------------------------------------------------------------------------- memory

@@ -16,8 +16,10 @@ Rows, per model size (``--sizes``), on cheetah-run's shapes (17 observations, 6 
 ``dot_general`` of its jaxpr, loops counted by their length, run alone: ``common.matmuls_alone``)
 over the program's time; the peer's share is the same matmul time over the peer's time, since
 both compute the same products (the peer evaluates all Q heads where jaxwm evaluates the two
-it uses: its share is then an overestimate, ``notes``). Compile time (the first call) apart;
-steady state is the median of ``--repeats`` calls; peak memory is the process's.
+it uses: its share is then an overestimate, ``notes``). The program and its matmuls alone
+are timed in turn, one call each per repeat, and the share is the median of the per-pair
+ratios (``common.program_row``). Compile time (the first call) apart; steady state is the
+median of ``--repeats`` calls; peak memory is the process's.
 
 ``floor_s`` and ``share_bound``: the work of a program that is not a matrix product, each
 piece compiled and timed alone at the shapes of one head or step, and what that leaves for
@@ -251,7 +253,7 @@ def main() -> None:
         f"{args.repeats} calls; compile_s: the first call.",
         "matmul_share: the time of the program's matrix products run alone over the program's "
         "time (1.0 = every cycle spent in matmuls at the rate this machine reaches for those "
-        "shapes).",
+        "shapes); the two are timed in turn and the share is the median of the per-pair ratios.",
         "share_bound: matmul_alone_s / (matmul_alone_s + floor_s), floor_s the program's "
         "non-matmul pieces timed alone (update: LayerNorm + Mish, dropout masks, Adam, target "
         "EMA; planning: LayerNorm + Mish and + SimNorm, two-hot decodes, MPPI's sampling, "

@@ -96,6 +96,32 @@ def test_dot_shapes_count_every_product_of_a_scan_and_a_gradient(benchmark_modul
         common.dot_shapes(lambda x: jax.lax.while_loop(lambda c: c.sum() < 9, lambda c: c @ w[:, :5], x), x)
 
 
+def test_program_row_times_the_program_and_its_matmuls_in_turn(benchmark_modules, monkeypatch):
+    """``common.program_row`` alternates one call of the program and one of its matmuls alone
+    (after one compiling call of each), and the share is the median of the per-pair ratios,
+    so that a host that changes speed between calls moves both sides of each ratio. The
+    clock is replaced by fixed durations: program calls 2, 4, 8 s; matmul calls 1, 1, 1 s."""
+    import jax.numpy as jnp
+
+    common = sys.modules["common"]
+    order, durations = [], {"call": iter([9.0, 2.0, 4.0, 8.0]), "matmuls": iter([9.0, 1, 1, 1])}
+
+    def fake_seconds(fn):
+        which = "call" if fn.__name__ == "call" else "matmuls"
+        order.append(which)
+        fn()
+        return next(durations[which])
+
+    monkeypatch.setattr(common, "seconds", fake_seconds)
+    a = jnp.ones((8, 8))
+    row = common.program_row(lambda a, b: jnp.tanh(a @ b), (a, a), repeats=3)
+    assert order == ["call", "matmuls"] + ["call", "matmuls"] * 3
+    assert row["samples_s"] == [2.0, 4.0, 8.0] and row["compile_s"] == 9.0
+    assert row["matmul_share"] == 0.25  # median of 1/2, 1/4, 1/8
+    assert row["s_per_call"] == 4.0 and row["matmul_alone_s"] == 1.0
+    assert row["matmul_gflop"] == 2 * 8 * 8 * 8 / 1e9
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_quick_mode_runs(name):
