@@ -71,6 +71,7 @@ from jaxwm.agents import mppi, tdmpc2
 from jaxwm.envs.types import EnvSpec
 from jaxwm.models import tdmpc2 as wm
 from jaxwm.ops.dropout import dropout
+from jaxwm.ops.layer_norm import layer_norm_mish
 
 OBS_DIM, ACTION_DIM = 17, 6  # cheetah-run
 BATCH = 256
@@ -95,9 +96,9 @@ def fixed_batch(agent: tdmpc2.Agent) -> dict:
 
 
 def _ln_mish(x, scale, bias):
-    """What follows a hidden layer's matmul in ``models.tdmpc2.NormedLinear``: flax's
-    LayerNorm, then Mish."""
-    return wm.mish(nn.LayerNorm().apply({"params": {"scale": scale, "bias": bias}}, x))
+    """What follows a hidden layer's matmul in ``models.tdmpc2.NormedLinear``: LayerNorm, then
+    Mish (``ops.layer_norm``, the op the model runs, with its own backward)."""
+    return layer_norm_mish(x, scale, bias)
 
 
 def _ln_mish_backward(x, scale, bias):

@@ -6,6 +6,7 @@ tests/test_tdmpc2_learning.py (slow)."""
 import dataclasses
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +19,7 @@ from jaxwm.config import ConfigError, load
 from jaxwm.envs import make_env
 from jaxwm.envs.types import EnvSpec
 from jaxwm.models import tdmpc2 as wm
+from jaxwm.ops.layer_norm import mish
 from jaxwm.ops.normalize import RunningScale
 
 
@@ -35,11 +37,20 @@ def make_agent(episodic=False, size=1, **overrides):
 # ----------------------------------------------------------------------------- model pieces
 
 
-def test_mish_with_one_exponential_equals_jaxs():
-    x = jnp.linspace(-40.0, 40.0, 8001)
-    np.testing.assert_allclose(wm.mish(x), jax.nn.mish(x), atol=2e-6)
-    np.testing.assert_allclose(jax.vmap(jax.grad(wm.mish))(x), jax.vmap(jax.grad(jax.nn.mish))(x),
-                               atol=1e-5)
+def test_normed_linear_keeps_flax_layer_norm_parameters_and_output():
+    """LayerNorm + Mish run as one op (``ops.layer_norm``) under flax's own names, so older
+    checkpoints load; the output is Linear -> flax LayerNorm -> Mish."""
+    layer = wm.NormedLinear(16)
+    x = jax.random.normal(jax.random.PRNGKey(0), (4, 8))
+    params = layer.init(jax.random.PRNGKey(1), x)["params"]
+    assert jax.tree.map(jnp.shape, params) == {
+        "Dense_0": {"kernel": (8, 16), "bias": (16,)},
+        "LayerNorm_0": {"scale": (16,), "bias": (16,)}}
+    params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.PRNGKey(2), p.shape),
+                          params)
+    dense = x @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"]
+    expected = mish(nn.LayerNorm().apply({"params": params["LayerNorm_0"]}, dense))
+    np.testing.assert_allclose(layer.apply({"params": params}, x), expected, atol=2e-6)
 
 
 def test_simnorm_sums_to_one_per_group_of_eight():

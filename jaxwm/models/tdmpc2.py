@@ -11,7 +11,8 @@ Five MLPs over a latent state ``z`` that never decodes back to observations:
 * policy prior a ~ pi(z)                 (``pi``: a tanh-squashed Gaussian)
 * Q ensemble   Q_i(z, a), i < num_q      (``q``: logits of two-hot over 101 bins each)
 
-Every hidden layer is Linear -> LayerNorm -> Mish (``NormedLinear``); the first hidden layer of
+Every hidden layer is Linear -> LayerNorm -> Mish (``NormedLinear``; LayerNorm and Mish are one
+op with a hand-written backward, ``ops.layer_norm``); the first hidden layer of
 each Q network has dropout 0.01 (``ops.dropout``, which makes it 655/65536). SimNorm (sec.
 3.2) splits the latent into groups of 8 and takes a softmax over each, so every group is a
 point on a simplex: the latent stays bounded and sparse whatever the task's scale. Rewards
@@ -44,6 +45,7 @@ import jax.numpy as jnp
 
 from jaxwm.ops import twohot
 from jaxwm.ops.dropout import dropout
+from jaxwm.ops.layer_norm import layer_norm_mish
 
 LOG_STD_MIN, LOG_STD_MAX = -10.0, 2.0
 NUM_BINS, V_MIN, V_MAX = 101, -10.0, 10.0
@@ -91,16 +93,6 @@ def simnorm(x: jax.Array, dim: int = SIMNORM_DIM) -> jax.Array:
     return jax.nn.softmax(groups, axis=-1).reshape(x.shape)
 
 
-def mish(x: jax.Array) -> jax.Array:
-    """Mish (Misra 2019), ``x tanh(softplus(x))``, with one exponential: ``tanh(log(1 + e^x))
-    = n / (n + 2)`` for ``n = e^x (e^x + 2)``. ``jax.nn.mish`` takes an exp, a log1p and a
-    tanh; every hidden layer of the model ends in it, so on a CPU it costs a quarter of a
-    384-wide layer's matmul. Equal to ``jax.nn.mish`` within 2e-6 (tests/test_tdmpc2.py)."""
-    e = jnp.exp(jnp.minimum(x, 20.0))
-    n = e * (e + 2.0)
-    return jnp.where(x > 20.0, x, x * n / (n + 2.0))
-
-
 def _dense(features: int, zero: bool = False) -> nn.Dense:
     init = nn.initializers.zeros if zero else nn.initializers.truncated_normal(0.02)
     return nn.Dense(features, kernel_init=init, bias_init=nn.initializers.zeros)
@@ -118,8 +110,21 @@ class NormedLinear(nn.Module):
         x = _dense(self.features)(x)
         if self.dropout and train:  # ops.dropout: half the random bits of nn.Dropout
             x = dropout(self.make_rng("dropout"), x, self.dropout)
-        x = nn.LayerNorm()(x)
-        return simnorm(x) if self.act == "simnorm" else mish(x)
+        if self.act == "simnorm":
+            return simnorm(nn.LayerNorm()(x))
+        return LayerNormMish(name="LayerNorm_0")(x)
+
+
+class LayerNormMish(nn.Module):
+    """flax's ``LayerNorm`` (the same parameters under the same name, so checkpoints and
+    parameter counts are unchanged) then Mish, as one op with a hand-written backward
+    (``ops.layer_norm``: the update's elementwise work over the Q ensemble is mostly this)."""
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
+        bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],))
+        return layer_norm_mish(x, scale, bias)
 
 
 class MLP(nn.Module):
