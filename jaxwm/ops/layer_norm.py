@@ -3,14 +3,14 @@
 Function").
 
 Every hidden layer of TD-MPC2's model ends in LayerNorm -> Mish (``models.tdmpc2``), and on a
-CPU the update's time beyond its matrix products is mostly these layers' backward over the Q
-ensemble's activations (5 heads x 3 steps x 256 rows x 512). Differentiating flax's
-``LayerNorm`` and Mish automatically gives XLA a graph of a dozen elementwise ops and four
-reductions whose fusions read and write those activations several times and materialise the
-scale broadcast to their full shape. The backward here reads the layer's input and the
-incoming gradient twice: once for the four sums it needs (the per-feature ones for the scale
-and bias, the per-row ones for the input's gradient), once to write the input's gradient.
-What it saves is measured in benchmarks/README.md (TD-MPC2).
+CPU much of the update's time beyond its matrix products goes to these layers' backward
+over the Q ensemble's activations (5 heads x 3 steps x 256 rows x 512). Differentiating
+flax's ``LayerNorm`` and Mish automatically gives XLA a dozen elementwise ops and four
+reductions per layer (in the 5M update's compiled program it even materialised LayerNorm's
+scale broadcast to the activations' full shape). The backward here is the closed form below:
+four sums (two per feature for the scale and bias, two per row for the input's gradient)
+and one elementwise expression for the input's gradient. What it saves is measured in
+benchmarks/README.md (TD-MPC2).
 
 The forward is flax's ``LayerNorm`` (``use_fast_variance``: var = E[x^2] - E[x]^2, clipped
 at 0; epsilon 1e-6) then Mish in ``mish``'s one-exponential form, so outputs equal
@@ -40,26 +40,24 @@ MISH_LINEAR_ABOVE = 20.0  # mish(z) = z to float32 precision above this
 def mish(x: jax.Array) -> jax.Array:
     """Mish, ``x tanh(softplus(x))``, with one exponential: ``tanh(log(1 + e^x)) = n / (n + 2)``
     for ``n = e^x (e^x + 2)``. ``jax.nn.mish`` takes an exp, a log1p and a tanh. Equal to
-    ``jax.nn.mish`` within 2e-6 (tests/test_tdmpc2.py)."""
+    ``jax.nn.mish`` within 2e-6 (tests/test_ops_layer_norm.py)."""
     e = jnp.exp(jnp.minimum(x, MISH_LINEAR_ABOVE))
     n = e * (e + 2.0)
     return jnp.where(x > MISH_LINEAR_ABOVE, x, x * n / (n + 2.0))
 
 
-def _mish_and_slope(z: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _mish_slope(z: jax.Array) -> jax.Array:
+    """mish'(z) (module docstring)."""
     e = jnp.exp(jnp.minimum(z, MISH_LINEAR_ABOVE))
     n = e * (e + 2.0)
     t = n / (n + 2.0)
-    linear = z > MISH_LINEAR_ABOVE
-    value = jnp.where(linear, z, z * t)
-    slope = jnp.where(linear, 1.0, t + z * (e / (1.0 + e)) * (1.0 - t * t))
-    return value, slope
+    return jnp.where(z > MISH_LINEAR_ABOVE, 1.0, t + z * (e / (1.0 + e)) * (1.0 - t * t))
 
 
-def _normalise(x, scale, bias, epsilon):
+def _normalise(x, scale, bias):
     mean = jnp.mean(x, -1, keepdims=True)
     var = jnp.maximum(jnp.mean(x * x, -1, keepdims=True) - mean * mean, 0.0)
-    rstd = jax.lax.rsqrt(var + epsilon)
+    rstd = jax.lax.rsqrt(var + EPSILON)
     x_hat = (x - mean) * rstd
     return x_hat, x_hat * scale + bias, mean, rstd
 
@@ -67,11 +65,11 @@ def _normalise(x, scale, bias, epsilon):
 @jax.custom_vjp
 def layer_norm_mish(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
     """``mish(LayerNorm(x))`` over the last axis, with ``scale`` and ``bias`` of that size."""
-    return mish(_normalise(x, scale, bias, EPSILON)[1])
+    return mish(_normalise(x, scale, bias)[1])
 
 
 def _forward(x, scale, bias):
-    _, z, mean, rstd = _normalise(x, scale, bias, EPSILON)
+    _, z, mean, rstd = _normalise(x, scale, bias)
     # Keep x and the row statistics, not x-hat: the backward recomputes x-hat and z in the
     # fusions that read x anyway, so nothing of the activations' size is stored twice.
     return mish(z), (x, scale, bias, mean, rstd)
@@ -80,8 +78,7 @@ def _forward(x, scale, bias):
 def _backward(residuals, grad_out):
     x, scale, bias, mean, rstd = residuals
     x_hat = (x - mean) * rstd
-    _, slope = _mish_and_slope(x_hat * scale + bias)
-    g = grad_out * slope
+    g = grad_out * _mish_slope(x_hat * scale + bias)
     rows = tuple(range(x.ndim - 1))
     d_bias = jnp.sum(g, rows)
     d_scale = jnp.sum(g * x_hat, rows)
