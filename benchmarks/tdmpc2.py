@@ -51,7 +51,6 @@ from __future__ import annotations
 import dataclasses
 from functools import partial
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,7 +70,7 @@ from jaxwm.agents import mppi, tdmpc2
 from jaxwm.envs.types import EnvSpec
 from jaxwm.models import tdmpc2 as wm
 from jaxwm.ops.dropout import dropout
-from jaxwm.ops.layer_norm import layer_norm_mish
+from jaxwm.ops.layer_norm import layer_norm, layer_norm_mish
 
 OBS_DIM, ACTION_DIM = 17, 6  # cheetah-run
 BATCH = 256
@@ -95,10 +94,11 @@ def fixed_batch(agent: tdmpc2.Agent) -> dict:
             "is_first": jnp.zeros((BATCH, window), bool)}
 
 
-def _ln_mish(x, scale, bias):
+def _ln_mish(x, scale, bias, centred=False):
     """What follows a hidden layer's matmul in ``models.tdmpc2.NormedLinear``: LayerNorm, then
-    Mish (``ops.layer_norm``, the op the model runs, with its own backward)."""
-    return layer_norm_mish(x, scale, bias)
+    Mish (``ops.layer_norm``, the op the model runs, with its own backward); ``centred`` as
+    the planner runs it."""
+    return layer_norm_mish(x, scale, bias, centred)
 
 
 def _ln_mish_backward(x, scale, bias):
@@ -106,9 +106,9 @@ def _ln_mish_backward(x, scale, bias):
     return vjp(y)
 
 
-def _ln_simnorm(x, scale, bias):
+def _ln_simnorm(x, scale, bias, centred=False):
     """The latent's output layer after its matmul: LayerNorm, then SimNorm."""
-    return wm.simnorm(nn.LayerNorm().apply({"params": {"scale": scale, "bias": bias}}, x))
+    return wm.simnorm(layer_norm(x, scale, bias, centred))
 
 
 def _alone(fn, repeats: int, *args) -> float:
@@ -187,8 +187,10 @@ def plan_floor(agent: tdmpc2.Agent, repeats: int) -> dict[str, float]:
               (p.num_pi_trajs, s.mlp_dim): 4 * h}  # the prior's rollouts: pi, dynamics
     latent = {(n, s.latent_dim): iters * h, (p.num_pi_trajs, s.latent_dim): h}
     logits = jax.random.normal(jax.random.PRNGKey(0), (n, wm.NUM_BINS))
-    pieces = {"LayerNorm+Mish fwd": _layers_alone(hidden, _ln_mish, repeats),
-              "LayerNorm+SimNorm fwd": _layers_alone(latent, _ln_simnorm, repeats),
+    pieces = {"LayerNorm+Mish fwd": _layers_alone(hidden, partial(_ln_mish, centred=True),
+                                                  repeats),
+              "LayerNorm+SimNorm fwd": _layers_alone(latent, partial(_ln_simnorm, centred=True),
+                                                     repeats),
               "two-hot decodes": _alone(_looped(wm.decode, iters * (h + 2)), repeats, logits)}
     # MPPI's own work (sampling, top-k, the elites' refit, the final pick) on a free objective.
     mean = jnp.zeros((h, agent.action_dim))

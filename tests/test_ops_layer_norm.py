@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxwm.ops.layer_norm import layer_norm_mish, mish
+from jaxwm.ops.layer_norm import EPSILON, layer_norm, layer_norm_mish, mish
 
 
 def autodiff_reference(x, scale, bias):
@@ -23,11 +23,18 @@ def inputs(shape, spread=3.0, offset=1.0):
     return x, scale, bias, weights
 
 
-def assert_gradients_match(loss_of, args, names):
-    """The gradients of ``loss_of(layer_norm_mish)`` and ``loss_of(autodiff_reference)`` with
-    respect to every argument, within float32 rounding of the largest entry."""
-    ours = jax.grad(loss_of(layer_norm_mish), (0, 1, 2))(*args)
-    theirs = jax.grad(loss_of(autodiff_reference), (0, 1, 2))(*args)
+def centred_reference(x, scale, bias):
+    """LayerNorm with the mean taken as zero (what ``centred=True`` computes)."""
+    return mish(x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + EPSILON) * scale + bias)
+
+
+def assert_gradients_match(loss_of, args, names, ours=layer_norm_mish,
+                           theirs=autodiff_reference):
+    """The gradients of ``loss_of(ours)`` and ``loss_of(theirs)`` (JAX's differentiation of
+    the same function) with respect to every argument, within float32 rounding of the largest
+    entry."""
+    ours = jax.grad(loss_of(ours), (0, 1, 2))(*args)
+    theirs = jax.grad(loss_of(theirs), (0, 1, 2))(*args)
     for name, a, b in zip(names, ours, theirs, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.abs(b).max()),
                                    err_msg=name)
@@ -74,3 +81,25 @@ def test_a_constant_row_gives_finite_gradients():
     theirs = jax.grad(lambda x: jnp.sum(autodiff_reference(x, scale, bias) * jnp.arange(16.0)))(x)
     assert np.all(np.isfinite(ours))
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_centred_equals_layer_norm_on_rows_of_zero_mean():
+    x, scale, bias, _ = inputs((3, 7, 64))
+    x = x - jnp.mean(x, -1, keepdims=True)
+    np.testing.assert_allclose(layer_norm_mish(x, scale, bias, True),
+                               autodiff_reference(x, scale, bias), atol=2e-6)
+    np.testing.assert_allclose(
+        layer_norm(x, scale, bias, True),
+        nn.LayerNorm().apply({"params": {"scale": scale, "bias": bias}}, x), atol=2e-6)
+
+
+def test_centred_backward_equals_autodiff_of_the_mean_free_function():
+    """Its own gradient, not LayerNorm's: the input here is off-centre on purpose, where the
+    two differ by LayerNorm's ``- mean(h)`` term."""
+    x, scale, bias, weights = inputs((3, 7, 64))
+
+    def loss(f):
+        return lambda x, s, b: jnp.sum(weights * f(x, s, b))
+    assert_gradients_match(loss, (x, scale, bias), ("x", "scale", "bias"),
+                           ours=lambda x, s, b: layer_norm_mish(x, s, b, True),
+                           theirs=centred_reference)

@@ -53,6 +53,46 @@ def test_normed_linear_keeps_flax_layer_norm_parameters_and_output():
     np.testing.assert_allclose(layer.apply({"params": params}, x), expected, atol=2e-6)
 
 
+def perturbed(params, key=2, spread=0.1):
+    """Every parameter moved off its initial value (zero biases and unit scales hide errors)."""
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(key), len(leaves))
+    return jax.tree.unflatten(tree, [p + spread * jax.random.normal(k, p.shape)
+                                     for p, k in zip(leaves, keys, strict=True)])
+
+
+@pytest.mark.parametrize("act", ["mish", "simnorm"])
+def test_centred_layers_compute_the_same_function(act):
+    """``centred`` (the planner's) centres the Linear's weights over its outputs and lets
+    LayerNorm skip the mean: same parameters, same outputs, whatever the input's offset."""
+    x = 3.0 + jax.random.normal(jax.random.PRNGKey(0), (6, 24))
+    plain, centred = wm.NormedLinear(32, act=act), wm.NormedLinear(32, act=act, centred=True)
+    params = plain.init(jax.random.PRNGKey(1), x)
+    assert jax.tree.map(jnp.shape, centred.init(jax.random.PRNGKey(1), x)) == \
+        jax.tree.map(jnp.shape, params)
+    params = perturbed(params)
+    np.testing.assert_allclose(centred.apply(params, x), plain.apply(params, x),
+                               rtol=1e-5, atol=2e-6)
+
+
+def test_the_centred_world_model_predicts_what_the_model_does():
+    model = wm.WorldModel(2, wm.SIZES[1], episodic=True)
+    params = perturbed(wm.init(model, jax.random.PRNGKey(0), 5), spread=0.02)
+    centred = model.clone(centred=True)
+    obs, a = jax.random.normal(jax.random.PRNGKey(3), (4, 5)), jnp.full((4, 2), 0.3)
+    outputs = [m.apply(params, obs, a, jax.random.PRNGKey(4)) for m in (model, centred)]
+    for ours, theirs in zip(jax.tree.leaves(outputs[1]), jax.tree.leaves(outputs[0]),
+                            strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+    z = outputs[0][0]
+    heads = jnp.array([1, 0])
+    np.testing.assert_allclose(
+        wm.q_heads(wm.q_params(params), model.sizes, z, a, heads, jax.random.PRNGKey(5),
+                   centred=True),
+        wm.q_heads(wm.q_params(params), model.sizes, z, a, heads, jax.random.PRNGKey(5)),
+        rtol=1e-4, atol=1e-5)
+
+
 def test_simnorm_sums_to_one_per_group_of_eight():
     x = jax.random.normal(jax.random.PRNGKey(0), (3, 64)) * 5
     y = wm.simnorm(x).reshape(3, 8, 8)

@@ -191,7 +191,8 @@ class Agent:
         ensemble ``qs`` (online, frozen or target parameters), with dropout when ``train``."""
         k_pick, k_drop = jax.random.split(key)
         pick = jax.random.permutation(k_pick, self.model.sizes.num_q)[:2]
-        return wm.decode(wm.q_heads(qs, self.model.sizes, z, a, pick, k_drop, train))
+        return wm.decode(wm.q_heads(qs, self.model.sizes, z, a, pick, k_drop, train,
+                                    self.model.centred))
 
     # ------------------------------------------------------------------ learning
 
@@ -361,9 +362,13 @@ class Agent:
         return value, fixed
 
     def planner(self) -> acting.Policy:
-        """MPPI over the model as an acting-layer policy of a ``Learner``, in env units."""
-        inner = mppi.policy(lambda learner, obs, key: self.objective(learner.params, obs, key),
-                            self.planning, self.action_dim)
+        """MPPI over the model as an acting-layer policy of a ``Learner``, in env units. It
+        plans with the model's centred layers (``wm.NormedLinear``: the same function, fewer
+        passes over the 512 samples' activations)."""
+        centred = dataclasses.replace(self, model=self.model.clone(centred=True))
+        inner = mppi.policy(
+            lambda learner, obs, key: centred.objective(learner.params, obs, key),
+            self.planning, self.action_dim)
 
         def act(learner, carry, obs, is_first, key, temperature=1.0):
             carry, action, extras = inner.act(learner, carry, jnp.asarray(obs, jnp.float32),

@@ -12,7 +12,8 @@ Five MLPs over a latent state ``z`` that never decodes back to observations:
 * Q ensemble   Q_i(z, a), i < num_q      (``q``: logits of two-hot over 101 bins each)
 
 Every hidden layer is Linear -> LayerNorm -> Mish (``NormedLinear``; LayerNorm and Mish are one
-op with a hand-written backward, ``ops.layer_norm``); the first hidden layer of
+op with a hand-written backward, ``ops.layer_norm``; ``centred`` computes the same layers with
+fewer passes for planning); the first hidden layer of
 each Q network has dropout 0.01 (``ops.dropout``, which makes it 655/65536). SimNorm (sec.
 3.2) splits the latent into groups of 8 and takes a softmax over each, so every group is a
 point on a simplex: the latent stays bounded and sparse whatever the task's scale. Rewards
@@ -45,7 +46,7 @@ import jax.numpy as jnp
 
 from jaxwm.ops import twohot
 from jaxwm.ops.dropout import dropout
-from jaxwm.ops.layer_norm import layer_norm_mish
+from jaxwm.ops.layer_norm import layer_norm, layer_norm_mish
 
 LOG_STD_MIN, LOG_STD_MAX = -10.0, 2.0
 NUM_BINS, V_MIN, V_MAX = 101, -10.0, 10.0
@@ -98,33 +99,68 @@ def _dense(features: int, zero: bool = False) -> nn.Dense:
     return nn.Dense(features, kernel_init=init, bias_init=nn.initializers.zeros)
 
 
+class Linear(nn.Module):
+    """``nn.Dense``'s parameters (same names, shapes and initial values), with the option of
+    centring its weights: ``x @ (W - mean_j W) + (b - mean b)``, the means over the output
+    features, which is ``x @ W + b`` minus that row's mean over its features. Only for a
+    Linear followed by LayerNorm, which subtracts the mean anyway (``NormedLinear``)."""
+
+    features: int
+    centred: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param("kernel", nn.initializers.truncated_normal(0.02),
+                            (x.shape[-1], self.features))
+        bias = self.param("bias", nn.initializers.zeros, (self.features,))
+        if self.centred:
+            kernel = kernel - jnp.mean(kernel, 1, keepdims=True)
+            bias = bias - jnp.mean(bias)
+        return x @ kernel + bias
+
+
 class NormedLinear(nn.Module):
-    """Linear -> [Dropout] -> LayerNorm -> activation (``layers.NormedLinear``)."""
+    """Linear -> [Dropout] -> LayerNorm -> activation (``layers.NormedLinear``).
+
+    ``centred``: the same function with fewer passes over the activations, for programs that
+    apply each weight matrix to many more rows than it has (MPPI: 512 samples x 3 steps x 6
+    iterations per env step). LayerNorm subtracts each row's mean, and with the Linear's
+    weights centred (``Linear``) its output has zero mean per row already, so LayerNorm takes
+    only E[x^2]: one row reduction instead of two, and no pass to add the bias before them.
+    Centring is a pass over the weights, which XLA hoists out of the planner's loops; in an
+    update, with 256 rows per weight and the centring differentiated, it cost more than it
+    saved (benchmarks/README.md, TD-MPC2). Not with dropout, which breaks the zero mean."""
 
     features: int
     dropout: float = 0.0
     act: str = "mish"  # mish | simnorm
+    centred: bool = False
 
     @nn.compact
     def __call__(self, x, train: bool = False):
-        x = _dense(self.features)(x)
-        if self.dropout and train:  # ops.dropout: half the random bits of nn.Dropout
+        dropping = bool(self.dropout and train)
+        centred = self.centred and not dropping
+        x = Linear(self.features, centred, name="Dense_0")(x)
+        if dropping:  # ops.dropout: half the random bits of nn.Dropout
             x = dropout(self.make_rng("dropout"), x, self.dropout)
-        if self.act == "simnorm":
-            return simnorm(nn.LayerNorm()(x))
-        return LayerNormMish(name="LayerNorm_0")(x)
+        return LayerNormAct(self.act, centred, name="LayerNorm_0")(x)
 
 
-class LayerNormMish(nn.Module):
-    """flax's ``LayerNorm`` (the same parameters under the same name, so checkpoints and
-    parameter counts are unchanged) then Mish, as one op with a hand-written backward
-    (``ops.layer_norm``: the update's elementwise work over the Q ensemble is mostly this)."""
+class LayerNormAct(nn.Module):
+    """flax's ``LayerNorm`` (the same parameters, so checkpoints and parameter counts are
+    unchanged) then Mish, as one op with a hand-written backward (``ops.layer_norm``: the
+    update's elementwise work over the Q ensemble is mostly this), or then SimNorm."""
+
+    act: str = "mish"  # mish | simnorm
+    centred: bool = False  # the input's rows have zero mean (NormedLinear)
 
     @nn.compact
     def __call__(self, x):
         scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
         bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],))
-        return layer_norm_mish(x, scale, bias)
+        if self.act == "simnorm":
+            return simnorm(layer_norm(x, scale, bias, self.centred))
+        return layer_norm_mish(x, scale, bias, self.centred)
 
 
 class MLP(nn.Module):
@@ -136,19 +172,22 @@ class MLP(nn.Module):
     out_act: str | None = None
     dropout: float = 0.0
     zero_out: bool = False
+    centred: bool = False  # NormedLinear's
 
     @nn.compact
     def __call__(self, x, train: bool = False):
         for i, width in enumerate(self.hidden):
-            x = NormedLinear(width, self.dropout if i == 0 else 0.0)(x, train)
+            x = NormedLinear(width, self.dropout if i == 0 else 0.0,
+                             centred=self.centred)(x, train)
         if self.out_act is not None:
-            return NormedLinear(self.out, act=self.out_act)(x)
+            return NormedLinear(self.out, act=self.out_act, centred=self.centred)(x)
         return _dense(self.out, zero=self.zero_out)(x)
 
 
-def q_network(sizes: Sizes) -> MLP:
+def q_network(sizes: Sizes, centred: bool = False) -> MLP:
     """One Q head: two hidden layers, dropout after the first, 101 zero-initialised logits."""
-    return MLP((sizes.mlp_dim, sizes.mlp_dim), NUM_BINS, dropout=Q_DROPOUT, zero_out=True)
+    return MLP((sizes.mlp_dim, sizes.mlp_dim), NUM_BINS, dropout=Q_DROPOUT, zero_out=True,
+               centred=centred)
 
 
 class QEnsemble(nn.Module):
@@ -157,6 +196,7 @@ class QEnsemble(nn.Module):
     evaluates a subset)."""
 
     sizes: Sizes
+    centred: bool = False  # NormedLinear's
 
     @nn.compact
     def __call__(self, z, a, train: bool = False):
@@ -166,17 +206,18 @@ class QEnsemble(nn.Module):
                            in_axes=(None, None), out_axes=0, axis_size=s.num_q)
         x = jnp.concatenate([z, a], -1)
         return ensemble((s.mlp_dim, s.mlp_dim), NUM_BINS, dropout=Q_DROPOUT, zero_out=True,
-                        name="heads")(x, train)
+                        centred=self.centred, name="heads")(x, train)
 
 
-def q_heads(qs, sizes: Sizes, z, a, heads: jax.Array, key, train: bool = False):
+def q_heads(qs, sizes: Sizes, z, a, heads: jax.Array, key, train: bool = False,
+            centred: bool = False):
     """Logits ``[len(heads), ..., 101]`` of the Q heads ``heads`` only (indices into the
     ensemble whose parameters are ``qs``, ``q_params(params)`` or a target copy): the
     planner, the TD target and the policy loss use two heads of five, so the other three
     are never computed (the reference evaluates all five and keeps two)."""
     chosen = jax.tree.map(lambda x: x[heads], qs["heads"])
     x = jnp.concatenate([z, a], -1)
-    network = q_network(sizes)
+    network = q_network(sizes, centred)
     return jax.vmap(lambda p, k: network.apply({"params": p}, x, train, rngs={"dropout": k}))(
         chosen, jax.random.split(key, heads.shape[0]))
 
@@ -187,18 +228,19 @@ class WorldModel(nn.Module):
     action_dim: int
     sizes: Sizes = Sizes()
     episodic: bool = False  # a termination head (tasks whose episodes can end early)
+    centred: bool = False  # NormedLinear's: the same function, fewer passes (for planning)
 
     def setup(self):
-        s = self.sizes
+        s, c = self.sizes, self.centred
         mlp2 = (s.mlp_dim, s.mlp_dim)
         self.encoder = MLP((s.enc_dim,) * max(s.num_enc_layers - 1, 1), s.latent_dim,
-                           out_act="simnorm")
-        self.dynamics = MLP(mlp2, s.latent_dim, out_act="simnorm")
-        self.reward_head = MLP(mlp2, NUM_BINS, zero_out=True)
+                           out_act="simnorm", centred=c)
+        self.dynamics = MLP(mlp2, s.latent_dim, out_act="simnorm", centred=c)
+        self.reward_head = MLP(mlp2, NUM_BINS, zero_out=True, centred=c)
         if self.episodic:
-            self.termination_head = MLP(mlp2, 1)
-        self.policy = MLP(mlp2, 2 * self.action_dim)
-        self.qs = QEnsemble(s)
+            self.termination_head = MLP(mlp2, 1, centred=c)
+        self.policy = MLP(mlp2, 2 * self.action_dim, centred=c)
+        self.qs = QEnsemble(s, c)
 
     def __call__(self, obs, action, key):
         """Touches every head (for ``init``): (z, z', reward logits, pi action, Q logits)."""

@@ -26,9 +26,17 @@ g = dL/dz = dL/dy * mish'(z), the gradients are (the standard LayerNorm backward
 mish'(z) = tanh(sp) + z sigmoid(z) (1 - tanh(sp)^2), sp = softplus(z); with e = exp(z) and
 n = e (e + 2), tanh(sp) = n / (n + 2) and sigmoid(z) = e / (1 + e). Above z = 20, where
 ``mish`` returns z, the derivative is 1.
+
+``centred=True`` is for inputs whose rows have zero mean by construction (``models.tdmpc2``'s
+``Linear`` with centred weights): the mean is taken as 0, so the forward makes one row
+reduction (E[x^2]) instead of two, and the input's gradient drops its ``- mean(h)`` term
+(the exact gradient of that function; through the centred weights the term would vanish
+anyway).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -54,28 +62,41 @@ def _mish_slope(z: jax.Array) -> jax.Array:
     return jnp.where(z > MISH_LINEAR_ABOVE, 1.0, t + z * (e / (1.0 + e)) * (1.0 - t * t))
 
 
-def _normalise(x, scale, bias):
-    mean = jnp.mean(x, -1, keepdims=True)
-    var = jnp.maximum(jnp.mean(x * x, -1, keepdims=True) - mean * mean, 0.0)
+def _normalise(x, scale, bias, centred):
+    if centred:
+        mean = jnp.zeros(x.shape[:-1] + (1,), x.dtype)
+        var = jnp.mean(x * x, -1, keepdims=True)
+    else:
+        mean = jnp.mean(x, -1, keepdims=True)
+        var = jnp.maximum(jnp.mean(x * x, -1, keepdims=True) - mean * mean, 0.0)
     rstd = jax.lax.rsqrt(var + EPSILON)
     x_hat = (x - mean) * rstd
     return x_hat, x_hat * scale + bias, mean, rstd
 
 
-@jax.custom_vjp
-def layer_norm_mish(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
-    """``mish(LayerNorm(x))`` over the last axis, with ``scale`` and ``bias`` of that size."""
-    return mish(_normalise(x, scale, bias)[1])
+def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array,
+               centred: bool = False) -> jax.Array:
+    """LayerNorm alone (flax's arithmetic, differentiated by JAX), for layers that end in
+    something other than Mish (TD-MPC2's SimNorm latents)."""
+    return _normalise(x, scale, bias, centred)[1]
 
 
-def _forward(x, scale, bias):
-    _, z, mean, rstd = _normalise(x, scale, bias)
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def layer_norm_mish(x: jax.Array, scale: jax.Array, bias: jax.Array,
+                    centred: bool = False) -> jax.Array:
+    """``mish(LayerNorm(x))`` over the last axis, with ``scale`` and ``bias`` of that size;
+    ``centred``: the rows of ``x`` have zero mean already (module docstring)."""
+    return mish(_normalise(x, scale, bias, centred)[1])
+
+
+def _forward(x, scale, bias, centred):
+    _, z, mean, rstd = _normalise(x, scale, bias, centred)
     # Keep x and the row statistics, not x-hat: the backward recomputes x-hat and z in the
     # fusions that read x anyway, so nothing of the activations' size is stored twice.
     return mish(z), (x, scale, bias, mean, rstd)
 
 
-def _backward(residuals, grad_out):
+def _backward(centred, residuals, grad_out):
     x, scale, bias, mean, rstd = residuals
     x_hat = (x - mean) * rstd
     g = grad_out * _mish_slope(x_hat * scale + bias)
@@ -83,9 +104,10 @@ def _backward(residuals, grad_out):
     d_bias = jnp.sum(g, rows)
     d_scale = jnp.sum(g * x_hat, rows)
     h = g * scale
-    d_x = rstd * (h - jnp.mean(h, -1, keepdims=True)
-                  - x_hat * jnp.mean(h * x_hat, -1, keepdims=True))
-    return d_x, d_scale, d_bias
+    d_x = h - x_hat * jnp.mean(h * x_hat, -1, keepdims=True)
+    if not centred:
+        d_x = d_x - jnp.mean(h, -1, keepdims=True)
+    return rstd * d_x, d_scale, d_bias
 
 
 layer_norm_mish.defvjp(_forward, _backward)
