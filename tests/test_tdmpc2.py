@@ -61,34 +61,34 @@ def perturbed(params, key=2, spread=0.1):
                                      for p, k in zip(leaves, keys, strict=True)])
 
 
-@pytest.mark.parametrize("act", ["mish", "simnorm"])
-def test_centred_layers_compute_the_same_function(act):
-    """``centred`` (the planner's) centres the Linear's weights over its outputs and lets
-    LayerNorm skip the mean: same parameters, same outputs, whatever the input's offset."""
+def test_centred_layers_with_centred_weights_compute_the_same_function():
+    """The planner's layers (``centred``, with ``centre_weights``): the Linear's outputs come
+    mean-free and LayerNorm skips the mean, for Mish and SimNorm layers alike, whatever the
+    input's offset; the parameters are the same tree."""
     x = 3.0 + jax.random.normal(jax.random.PRNGKey(0), (6, 24))
-    plain, centred = wm.NormedLinear(32, act=act), wm.NormedLinear(32, act=act, centred=True)
-    params = plain.init(jax.random.PRNGKey(1), x)
-    assert jax.tree.map(jnp.shape, centred.init(jax.random.PRNGKey(1), x)) == \
-        jax.tree.map(jnp.shape, params)
-    params = perturbed(params)
-    np.testing.assert_allclose(centred.apply(params, x), plain.apply(params, x),
-                               rtol=1e-5, atol=2e-6)
+    plain = wm.MLP((32, 32), 16, out_act="simnorm")
+    params = perturbed(plain.init(jax.random.PRNGKey(1), x))
+    centred = wm.centre_weights(params)
+    assert jax.tree.map(jnp.shape, centred) == jax.tree.map(jnp.shape, params)
+    np.testing.assert_allclose(plain.clone(centred=True).apply(centred, x),
+                               plain.apply(params, x), rtol=1e-5, atol=2e-6)
 
 
 def test_the_centred_world_model_predicts_what_the_model_does():
     model = wm.WorldModel(2, wm.SIZES[1], episodic=True)
     params = perturbed(wm.init(model, jax.random.PRNGKey(0), 5), spread=0.02)
-    centred = model.clone(centred=True)
+    centred, centred_params = model.clone(centred=True), wm.centre_weights(params)
     obs, a = jax.random.normal(jax.random.PRNGKey(3), (4, 5)), jnp.full((4, 2), 0.3)
-    outputs = [m.apply(params, obs, a, jax.random.PRNGKey(4)) for m in (model, centred)]
+    outputs = [m.apply(p, obs, a, jax.random.PRNGKey(4))
+               for m, p in ((model, params), (centred, centred_params))]
     for ours, theirs in zip(jax.tree.leaves(outputs[1]), jax.tree.leaves(outputs[0]),
                             strict=True):
         np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
     z = outputs[0][0]
     heads = jnp.array([1, 0])
     np.testing.assert_allclose(
-        wm.q_heads(wm.q_params(params), model.sizes, z, a, heads, jax.random.PRNGKey(5),
-                   centred=True),
+        wm.q_heads(wm.q_params(centred_params), model.sizes, z, a, heads,
+                   jax.random.PRNGKey(5), centred=True),
         wm.q_heads(wm.q_params(params), model.sizes, z, a, heads, jax.random.PRNGKey(5)),
         rtol=1e-4, atol=1e-5)
 

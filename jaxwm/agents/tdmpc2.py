@@ -363,11 +363,12 @@ class Agent:
 
     def planner(self) -> acting.Policy:
         """MPPI over the model as an acting-layer policy of a ``Learner``, in env units. It
-        plans with the model's centred layers (``wm.NormedLinear``: the same function, fewer
+        plans with the model's weights centred (``wm.centre_weights``: the same function, fewer
         passes over the 512 samples' activations)."""
         centred = dataclasses.replace(self, model=self.model.clone(centred=True))
         inner = mppi.policy(
-            lambda learner, obs, key: centred.objective(learner.params, obs, key),
+            lambda learner, obs, key: centred.objective(wm.centre_weights(learner.params), obs,
+                                                        key),
             self.planning, self.action_dim)
 
         def act(learner, carry, obs, is_first, key, temperature=1.0):

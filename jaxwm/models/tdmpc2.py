@@ -12,8 +12,8 @@ Five MLPs over a latent state ``z`` that never decodes back to observations:
 * Q ensemble   Q_i(z, a), i < num_q      (``q``: logits of two-hot over 101 bins each)
 
 Every hidden layer is Linear -> LayerNorm -> Mish (``NormedLinear``; LayerNorm and Mish are one
-op with a hand-written backward, ``ops.layer_norm``; ``centred`` computes the same layers with
-fewer passes for planning); the first hidden layer of
+op with a hand-written backward, ``ops.layer_norm``; for planning, ``centre_weights`` and
+``centred`` compute the same layers with fewer passes); the first hidden layer of
 each Q network has dropout 0.01 (``ops.dropout``, which makes it 655/65536). SimNorm (sec.
 3.2) splits the latent into groups of 8 and takes a softmax over each, so every group is a
 point on a simplex: the latent stays bounded and sparse whatever the task's scale. Rewards
@@ -99,37 +99,13 @@ def _dense(features: int, zero: bool = False) -> nn.Dense:
     return nn.Dense(features, kernel_init=init, bias_init=nn.initializers.zeros)
 
 
-class Linear(nn.Module):
-    """``nn.Dense``'s parameters (same names, shapes and initial values), with the option of
-    centring its weights: ``x @ (W - mean_j W) + (b - mean b)``, the means over the output
-    features, which is ``x @ W + b`` minus that row's mean over its features. Only for a
-    Linear followed by LayerNorm, which subtracts the mean anyway (``NormedLinear``)."""
-
-    features: int
-    centred: bool = False
-
-    @nn.compact
-    def __call__(self, x):
-        kernel = self.param("kernel", nn.initializers.truncated_normal(0.02),
-                            (x.shape[-1], self.features))
-        bias = self.param("bias", nn.initializers.zeros, (self.features,))
-        if self.centred:
-            kernel = kernel - jnp.mean(kernel, 1, keepdims=True)
-            bias = bias - jnp.mean(bias)
-        return x @ kernel + bias
-
-
 class NormedLinear(nn.Module):
     """Linear -> [Dropout] -> LayerNorm -> activation (``layers.NormedLinear``).
 
-    ``centred``: the same function with fewer passes over the activations, for programs that
-    apply each weight matrix to many more rows than it has (MPPI: 512 samples x 3 steps x 6
-    iterations per env step). LayerNorm subtracts each row's mean, and with the Linear's
-    weights centred (``Linear``) its output has zero mean per row already, so LayerNorm takes
-    only E[x^2]: one row reduction instead of two, and no pass to add the bias before them.
-    Centring is a pass over the weights, which XLA hoists out of the planner's loops; in an
-    update, with 256 rows per weight and the centring differentiated, it cost more than it
-    saved (benchmarks/README.md, TD-MPC2). Not with dropout, which breaks the zero mean."""
+    ``centred``: the Linear's weights come centred by ``centre_weights``, so its outputs have
+    zero mean per row and LayerNorm takes only E[x^2] (``ops.layer_norm``'s ``centred``). For
+    programs that apply each weight matrix to many more rows than it has (MPPI: 512 samples x
+    3 steps x 6 iterations per env step); not with dropout, which breaks the zero mean."""
 
     features: int
     dropout: float = 0.0
@@ -140,7 +116,7 @@ class NormedLinear(nn.Module):
     def __call__(self, x, train: bool = False):
         dropping = bool(self.dropout and train)
         centred = self.centred and not dropping
-        x = Linear(self.features, centred, name="Dense_0")(x)
+        x = _dense(self.features)(x)
         if dropping:  # ops.dropout: half the random bits of nn.Dropout
             x = dropout(self.make_rng("dropout"), x, self.dropout)
         return LayerNormAct(self.act, centred, name="LayerNorm_0")(x)
@@ -228,7 +204,7 @@ class WorldModel(nn.Module):
     action_dim: int
     sizes: Sizes = Sizes()
     episodic: bool = False  # a termination head (tasks whose episodes can end early)
-    centred: bool = False  # NormedLinear's: the same function, fewer passes (for planning)
+    centred: bool = False  # NormedLinear's: weights from centre_weights (for planning)
 
     def setup(self):
         s, c = self.sizes, self.centred
@@ -280,6 +256,23 @@ class WorldModel(nn.Module):
         return action, {"mean": jnp.tanh(mean), "log_std": log_std,
                         "entropy": -(gaussian - correction),
                         "scaled_entropy": -gaussian * self.action_dim}
+
+
+def centre_weights(params):
+    """``params`` with every NormedLinear's Linear centred over its output features:
+    ``W - mean_j W`` and ``b - mean b``. Then ``x @ W + b`` comes out minus its row's mean,
+    which the LayerNorm after it subtracts anyway: a model with ``centred=True`` computes with
+    these weights what the model computes with ``params``, with no pass to add the bias before
+    LayerNorm's statistics and one row reduction of two. The planner centres once per call,
+    outside its loops. In an update, with 256 rows per weight and the centring differentiated,
+    it cost more than it saved (benchmarks/README.md, TD-MPC2)."""
+    def centre(path, x):
+        keys = [getattr(k, "key", "") for k in path]
+        in_normed_linear = any(a.startswith("NormedLinear") and b == "Dense_0"
+                               for a, b in zip(keys, keys[1:], strict=False))
+        return x - jnp.mean(x, -1, keepdims=True) if in_normed_linear else x
+
+    return jax.tree_util.tree_map_with_path(centre, params)
 
 
 def q_params(params):
