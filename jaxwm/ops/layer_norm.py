@@ -27,11 +27,10 @@ mish'(z) = tanh(sp) + z sigmoid(z) (1 - tanh(sp)^2), sp = softplus(z); with e = 
 n = e (e + 2), tanh(sp) = n / (n + 2) and sigmoid(z) = e / (1 + e). Above z = 20, where
 ``mish`` returns z, the derivative is 1.
 
-``centred=True`` is for inputs whose rows have zero mean by construction (``models.tdmpc2``'s
-``Linear`` with centred weights): the mean is taken as 0, so the forward makes one row
-reduction (E[x^2]) instead of two, and the input's gradient drops its ``- mean(h)`` term
-(the exact gradient of that function; through the centred weights the term would vanish
-anyway).
+``centred=True`` is for inputs whose rows have zero mean by construction (a Linear whose
+weights ``models.tdmpc2.centre_weights`` centred): the mean is taken as 0, so the forward
+makes one row reduction (E[x^2]) instead of two, and the input's gradient drops its
+``- mean(h)`` term (the exact gradient of that function).
 """
 
 from __future__ import annotations
