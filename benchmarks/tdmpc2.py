@@ -27,7 +27,8 @@ the matmul share at best, ``matmul_alone_s / (matmul_alone_s + floor_s)``. For t
 (``floor``): every hidden layer's LayerNorm + Mish, forward and backward where gradients flow,
 the dropout masks, both Adam steps, the target copy's EMA; it leaves out SimNorm, the two-hot
 losses, the policy's squash and the gradient clip. For planning (``plan_floor``, per env):
-every hidden layer's LayerNorm + Mish and every latent's LayerNorm + SimNorm in the
+every hidden layer's LayerNorm + Mish and every latent's LayerNorm + SimNorm (centred, as the
+planner runs them: ``models.tdmpc2.centre_weights``) in the
 candidates' and the policy prior's rollouts, the two-hot decodes of rewards and Q-values, and
 MPPI's own sampling, top-k and refit on an objective that costs nothing; it leaves out the
 policy's squash and the concatenations. Both bounds are generous. Layers run ``count`` times
