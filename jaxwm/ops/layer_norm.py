@@ -61,10 +61,24 @@ def _mish_slope(z: jax.Array) -> jax.Array:
     return jnp.where(z > MISH_LINEAR_ABOVE, 1.0, t + z * (e / (1.0 + e)) * (1.0 - t * t))
 
 
+def mean_of_squares(x):
+    """E[x^2] over the last axis. XLA:CPU writes a row reduction over more than 32 features
+    as a square pass, then a reduce-window pass, then a reduce; summing blocks of 32 across
+    the blocks first, behind an optimisation barrier (so XLA does not merge the two sums back
+    into one reduction), gives it one pass that squares and sums as it reads: one env's 5M
+    plan 2-2.5% faster (benchmarks/README.md, TD-MPC2)."""
+    n = x.shape[-1]
+    if n % 32 or n == 32:
+        return jnp.mean(x * x, -1, keepdims=True)
+    squares = (x * x).reshape(x.shape[:-1] + (n // 32, 32))
+    partial_sums = jax.lax.optimization_barrier(jnp.sum(squares, -2))
+    return jnp.sum(partial_sums, -1, keepdims=True) / n
+
+
 def _normalise(x, scale, bias, centred):
     if centred:
         mean = jnp.zeros(x.shape[:-1] + (1,), x.dtype)
-        var = jnp.mean(x * x, -1, keepdims=True)
+        var = mean_of_squares(x)
     else:
         mean = jnp.mean(x, -1, keepdims=True)
         var = jnp.maximum(jnp.mean(x * x, -1, keepdims=True) - mean * mean, 0.0)
