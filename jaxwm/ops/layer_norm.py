@@ -65,8 +65,8 @@ def mean_of_squares(x):
     """E[x^2] over the last axis. XLA:CPU writes a row reduction over more than 32 features
     as a square pass, then a reduce-window pass, then a reduce; summing blocks of 32 across
     the blocks first, behind an optimisation barrier (so XLA does not merge the two sums back
-    into one reduction), gives it one pass that squares and sums as it reads: one env's 5M
-    plan 2-2.5% faster (benchmarks/README.md, TD-MPC2)."""
+    into one reduction), gives it one pass that squares and sums as it reads (what that
+    saves in planning: benchmarks/README.md, TD-MPC2)."""
     n = x.shape[-1]
     if n % 32 or n == 32:
         return jnp.mean(x * x, -1, keepdims=True)
