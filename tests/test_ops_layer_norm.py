@@ -73,6 +73,31 @@ def test_backward_under_vmap_over_stacked_parameters():
     assert_gradients_match(loss, (x, scales, biases), ("x", "scales", "biases"))
 
 
+def stacked_reference(x, scale, bias):
+    """LayerNorm over the last axis, then a scale and bias of any shape that broadcasts."""
+    normed = nn.LayerNorm(use_scale=False, use_bias=False).apply({}, x)
+    return mish(normed * scale + bias)
+
+
+def test_backward_with_stacked_parameters_broadcast_over_the_rows():
+    """As ``models.tdmpc2.q_logits`` runs its heads: activations ``[rows, heads, width]`` with
+    one scale and bias per head ``[heads, width]``, then ``[heads, rows, width]`` with
+    ``[heads, 1, width]``; the parameters' gradients sum over the rows only."""
+    x, _, _, weights = inputs((24, 3, 64))
+    k_scale, k_bias = jax.random.split(jax.random.PRNGKey(5))
+    scales = 1.0 + 0.3 * jax.random.normal(k_scale, (3, 64))
+    biases = 2.0 * jax.random.normal(k_bias, (3, 64))
+
+    def loss(f):
+        return lambda x, s, b: jnp.sum(weights * f(x, s, b))
+    assert_gradients_match(loss, (x, scales, biases), ("x", "scales", "biases"),
+                           theirs=stacked_reference)
+    heads_first = jnp.swapaxes(x, 0, 1)
+    weights = jnp.swapaxes(weights, 0, 1)
+    assert_gradients_match(loss, (heads_first, scales[:, None], biases[:, None]),
+                           ("x", "scales", "biases"), theirs=stacked_reference)
+
+
 def test_a_constant_row_gives_finite_gradients():
     """Zero variance: LayerNorm's epsilon keeps the row's gradient finite, as autodiff's."""
     x = jnp.ones((2, 16))

@@ -87,9 +87,9 @@ def test_the_centred_world_model_predicts_what_the_model_does():
     z = outputs[0][0]
     heads = jnp.array([1, 0])
     np.testing.assert_allclose(
-        wm.q_heads(wm.q_params(centred_params), model.sizes, z, a, heads,
+        wm.q_heads(wm.q_params(centred_params), z, a, heads,
                    jax.random.PRNGKey(5), centred=True),
-        wm.q_heads(wm.q_params(params), model.sizes, z, a, heads, jax.random.PRNGKey(5)),
+        wm.q_heads(wm.q_params(params), z, a, heads, jax.random.PRNGKey(5)),
         rtol=1e-4, atol=1e-5)
 
 
@@ -137,8 +137,43 @@ def test_a_subset_of_q_heads_equals_those_heads_of_the_ensemble():
     z, a = jnp.ones((3, 512)) / 8, jnp.full((3, 2), 0.5)
     every = model.apply(params, z, a, method=wm.WorldModel.q)
     heads = jnp.array([4, 1])
-    np.testing.assert_allclose(wm.q_heads(qs, model.sizes, z, a, heads, jax.random.PRNGKey(1)),
+    np.testing.assert_allclose(wm.q_heads(qs, z, a, heads, jax.random.PRNGKey(1)),
                                every[heads], rtol=1e-5, atol=1e-6)
+
+
+def test_the_q_ensemble_is_each_head_a_q_network_with_its_own_dropout():
+    """``q_logits`` runs the stacked heads in one layout (rows-major, then heads first); each
+    head must still be Linear -> LayerNorm -> Mish twice, then 101 logits, with that head's
+    parameters: forward and gradients against ``MLP`` applied head by head. With dropout,
+    the heads draw their masks independently."""
+    sizes = wm.SIZES[1]
+    model = wm.QEnsemble(sizes)
+    z, a = jax.random.normal(jax.random.PRNGKey(0), (3, 4, sizes.latent_dim)), \
+        jnp.full((3, 4, 2), 0.5)
+    params = perturbed(model.init(jax.random.PRNGKey(1), z, a)["params"])
+    head = wm.MLP((sizes.mlp_dim, sizes.mlp_dim), wm.NUM_BINS, zero_out=True)
+    weights = jax.random.normal(jax.random.PRNGKey(3), (sizes.num_q, 3, 4, wm.NUM_BINS))
+
+    def ours(params, z):
+        return jnp.sum(weights * model.apply({"params": params}, z, a))
+
+    def theirs(params, z):
+        x = jnp.concatenate([z, a], -1)
+        every = jax.vmap(lambda p: head.apply({"params": p}, x))(params["heads"])
+        return jnp.sum(weights * every)
+
+    np.testing.assert_allclose(ours(params, z), theirs(params, z), rtol=1e-5)
+    for mine, reference in zip(jax.tree.leaves(jax.grad(ours, (0, 1))(params, z)),
+                               jax.tree.leaves(jax.grad(theirs, (0, 1))(params, z)),
+                               strict=True):
+        np.testing.assert_allclose(mine, reference, rtol=1e-4,
+                                   atol=1e-5 * float(jnp.abs(reference).max()))
+    same = jax.tree.map(lambda p: jnp.broadcast_to(p[:1], p.shape), params)
+    evaluated = model.apply({"params": same}, z, a)
+    np.testing.assert_allclose(evaluated[1:], evaluated[:1].repeat(sizes.num_q - 1, 0),
+                               rtol=1e-5, atol=1e-5)
+    dropped = model.apply({"params": same}, z, a, True, rngs={"dropout": jax.random.PRNGKey(4)})
+    assert float(jnp.abs(dropped[0] - dropped[1]).max()) > 1e-2  # rounding alone: ~1e-5
 
 
 @pytest.mark.parametrize("size,low,high", [(1, 0.5e6, 1.5e6), (5, 4.5e6, 5.5e6)])

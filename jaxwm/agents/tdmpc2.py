@@ -191,8 +191,7 @@ class Agent:
         ensemble ``qs`` (online, frozen or target parameters), with dropout when ``train``."""
         k_pick, k_drop = jax.random.split(key)
         pick = jax.random.permutation(k_pick, self.model.sizes.num_q)[:2]
-        return wm.decode(wm.q_heads(qs, self.model.sizes, z, a, pick, k_drop, train,
-                                    self.model.centred))
+        return wm.decode(wm.q_heads(qs, z, a, pick, k_drop, train, self.model.centred))
 
     # ------------------------------------------------------------------ learning
 

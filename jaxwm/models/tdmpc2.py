@@ -100,26 +100,21 @@ def _dense(features: int, zero: bool = False) -> nn.Dense:
 
 
 class NormedLinear(nn.Module):
-    """Linear -> [Dropout] -> LayerNorm -> activation (``layers.NormedLinear``).
+    """Linear -> LayerNorm -> activation (``layers.NormedLinear``).
 
     ``centred``: the Linear's weights come centred by ``centre_weights``, so its outputs have
     zero mean per row and LayerNorm takes only E[x^2] (``ops.layer_norm``'s ``centred``). For
     programs that apply each weight matrix to many more rows than it has (MPPI: 512 samples x
-    3 steps x 6 iterations per env step); not with dropout, which breaks the zero mean."""
+    3 steps x 6 iterations per env step)."""
 
     features: int
-    dropout: float = 0.0
     act: str = "mish"  # mish | simnorm
     centred: bool = False
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
-        dropping = bool(self.dropout and train)
-        centred = self.centred and not dropping
+    def __call__(self, x):
         x = _dense(self.features)(x)
-        if dropping:  # ops.dropout: half the random bits of nn.Dropout
-            x = dropout(self.make_rng("dropout"), x, self.dropout)
-        return LayerNormAct(self.act, centred, name="LayerNorm_0")(x)
+        return LayerNormAct(self.act, self.centred, name="LayerNorm_0")(x)
 
 
 class LayerNormAct(nn.Module):
@@ -140,62 +135,99 @@ class LayerNormAct(nn.Module):
 
 
 class MLP(nn.Module):
-    """``layers.mlp``: hidden NormedLinears (dropout on the first only), then a NormedLinear
-    with SimNorm (``out_act="simnorm"``) or a plain Linear (``zero_out``: zero-initialised)."""
+    """``layers.mlp``: hidden NormedLinears, then a NormedLinear with SimNorm
+    (``out_act="simnorm"``) or a plain Linear (``zero_out``: zero-initialised)."""
 
     hidden: tuple[int, ...]
     out: int
     out_act: str | None = None
-    dropout: float = 0.0
     zero_out: bool = False
     centred: bool = False  # NormedLinear's
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
-        for i, width in enumerate(self.hidden):
-            x = NormedLinear(width, self.dropout if i == 0 else 0.0,
-                             centred=self.centred)(x, train)
+    def __call__(self, x):
+        for width in self.hidden:
+            x = NormedLinear(width, centred=self.centred)(x)
         if self.out_act is not None:
             return NormedLinear(self.out, act=self.out_act, centred=self.centred)(x)
         return _dense(self.out, zero=self.zero_out)(x)
 
 
-def q_network(sizes: Sizes, centred: bool = False) -> MLP:
-    """One Q head: two hidden layers, dropout after the first, 101 zero-initialised logits."""
-    return MLP((sizes.mlp_dim, sizes.mlp_dim), NUM_BINS, dropout=Q_DROPOUT, zero_out=True,
-               centred=centred)
+def init_q_heads(key, num_heads: int, in_dim: int, width: int) -> dict:
+    """Parameters of ``num_heads`` Q networks stacked on a leading axis, each two hidden
+    NormedLinears of ``width`` (the first with dropout) and 101 zero-initialised logits:
+    ``NormedLinear_0``, ``NormedLinear_1`` (``Dense_0``: kernel, bias; ``LayerNorm_0``: scale,
+    bias) and ``Dense_0``, the tree a ``vmap`` of ``MLP`` would make."""
+    normal = nn.initializers.truncated_normal(0.02)
+    zeros, ones = jnp.zeros((num_heads, width)), jnp.ones((num_heads, width))
+
+    def normed_linear(k, fan_in):
+        return {"Dense_0": {"kernel": normal(k, (num_heads, fan_in, width)), "bias": zeros},
+                "LayerNorm_0": {"scale": ones, "bias": zeros}}
+
+    k_first, k_second = jax.random.split(key)
+    return {"NormedLinear_0": normed_linear(k_first, in_dim),
+            "NormedLinear_1": normed_linear(k_second, width),
+            "Dense_0": {"kernel": jnp.zeros((num_heads, width, NUM_BINS)),
+                        "bias": jnp.zeros((num_heads, NUM_BINS))}}
+
+
+def q_logits(heads: dict, x: jax.Array, dropout_key=None, centred: bool = False) -> jax.Array:
+    """Logits ``[num_heads, ..., 101]`` of the stacked Q networks ``heads`` (``init_q_heads``'
+    tree, all of the ensemble or some of its heads) at ``x`` ``[..., in]``, which every head
+    reads; dropout on the first hidden layer with ``dropout_key``; ``centred`` as
+    ``NormedLinear``'s (not with dropout, which breaks the rows' zero mean).
+
+    Written over the stacked parameters rather than as a ``vmap`` of one head, for the layout:
+    the first layer is one matmul for every head, ``x @ [in, heads * width]``, and its
+    activations stay rows-major, ``[rows, heads, width]``, through dropout, LayerNorm and
+    Mish, so that its weight, scale and bias gradients contract the rows of arrays laid out
+    as they are; only then do the heads move to the leading axis, for the second layer's
+    batched matmul. A ``vmap`` puts the heads first from the start, and XLA:CPU then
+    transposes the first layer's gradient before its weight gradient and sums the scale and
+    bias gradients with strided reduce-windows (what the layout saves: benchmarks/README.md,
+    TD-MPC2)."""
+    first, second, out = heads["NormedLinear_0"], heads["NormedLinear_1"], heads["Dense_0"]
+    num_heads, width = first["Dense_0"]["bias"].shape
+    batch, in_dim = x.shape[:-1], x.shape[-1]
+    kernel = jnp.swapaxes(first["Dense_0"]["kernel"], 0, 1).reshape(in_dim, num_heads * width)
+    h = (x.reshape(-1, in_dim) @ kernel).reshape(-1, num_heads, width) + first["Dense_0"]["bias"]
+    if dropout_key is not None:  # ops.dropout: half the random bits of nn.Dropout
+        h = dropout(dropout_key, h, Q_DROPOUT)
+    norm = first["LayerNorm_0"]
+    h = layer_norm_mish(h, norm["scale"], norm["bias"], centred and dropout_key is None)
+    h = jnp.swapaxes(h, 0, 1)  # [heads, rows, width]
+    h = jnp.einsum("hrc,hcd->hrd", h, second["Dense_0"]["kernel"]) \
+        + second["Dense_0"]["bias"][:, None]
+    norm = second["LayerNorm_0"]
+    h = layer_norm_mish(h, norm["scale"][:, None], norm["bias"][:, None], centred)
+    logits = jnp.einsum("hrc,hcd->hrd", h, out["kernel"]) + out["bias"][:, None]
+    return logits.reshape((num_heads,) + batch + (NUM_BINS,))
 
 
 class QEnsemble(nn.Module):
     """``num_q`` Q networks with independent parameters and dropout masks: logits
-    ``[num_q, ..., 101]``. Their parameters are stacked on a leading axis (``q_heads``
-    evaluates a subset)."""
+    ``[num_q, ..., 101]``. Their parameters are stacked on a leading axis (``init_q_heads``;
+    ``q_heads`` evaluates a subset)."""
 
     sizes: Sizes
     centred: bool = False  # NormedLinear's
 
     @nn.compact
     def __call__(self, z, a, train: bool = False):
-        s = self.sizes
-        ensemble = nn.vmap(MLP, variable_axes={"params": 0},
-                           split_rngs={"params": True, "dropout": True},
-                           in_axes=(None, None), out_axes=0, axis_size=s.num_q)
         x = jnp.concatenate([z, a], -1)
-        return ensemble((s.mlp_dim, s.mlp_dim), NUM_BINS, dropout=Q_DROPOUT, zero_out=True,
-                        centred=self.centred, name="heads")(x, train)
+        heads = self.param("heads", init_q_heads, self.sizes.num_q, x.shape[-1],
+                           self.sizes.mlp_dim)
+        return q_logits(heads, x, self.make_rng("dropout") if train else None, self.centred)
 
 
-def q_heads(qs, sizes: Sizes, z, a, heads: jax.Array, key, train: bool = False,
-            centred: bool = False):
+def q_heads(qs, z, a, heads: jax.Array, key, train: bool = False, centred: bool = False):
     """Logits ``[len(heads), ..., 101]`` of the Q heads ``heads`` only (indices into the
     ensemble whose parameters are ``qs``, ``q_params(params)`` or a target copy): the
     planner, the TD target and the policy loss use two heads of five, so the other three
     are never computed (the reference evaluates all five and keeps two)."""
     chosen = jax.tree.map(lambda x: x[heads], qs["heads"])
-    x = jnp.concatenate([z, a], -1)
-    network = q_network(sizes, centred)
-    return jax.vmap(lambda p, k: network.apply({"params": p}, x, train, rngs={"dropout": k}))(
-        chosen, jax.random.split(key, heads.shape[0]))
+    return q_logits(chosen, jnp.concatenate([z, a], -1), key if train else None, centred)
 
 
 class WorldModel(nn.Module):

@@ -98,7 +98,8 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array,
 @partial(jax.custom_vjp, nondiff_argnums=(3,))
 def layer_norm_mish(x: jax.Array, scale: jax.Array, bias: jax.Array,
                     centred: bool = False) -> jax.Array:
-    """``mish(LayerNorm(x))`` over the last axis, with ``scale`` and ``bias`` of that size;
+    """``mish(LayerNorm(x))`` over the last axis, with ``scale`` and ``bias`` of that size
+    (or any shape that broadcasts to ``x``'s, for stacked layers with one scale per layer);
     ``centred``: the rows of ``x`` have zero mean already (module docstring)."""
     return mish(_normalise(x, scale, bias, centred)[1])
 
@@ -110,13 +111,22 @@ def _forward(x, scale, bias, centred):
     return mish(z), (x, scale, bias, mean, rstd)
 
 
+def _sum_to(v, shape):
+    """``v`` summed down to ``shape``, which broadcasts to ``v.shape``: a parameter's gradient
+    from its broadcast's (``scale`` may be ``[features]``, or ``[heads, 1, features]`` for
+    stacked layers, ``models.tdmpc2.q_logits``)."""
+    lead = v.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
+                                      if n == 1 and v.shape[lead + i] != 1)
+    return jnp.sum(v, axes).reshape(shape)
+
+
 def _backward(centred, residuals, grad_out):
     x, scale, bias, mean, rstd = residuals
     x_hat = (x - mean) * rstd
     g = grad_out * _mish_slope(x_hat * scale + bias)
-    rows = tuple(range(x.ndim - 1))
-    d_bias = jnp.sum(g, rows)
-    d_scale = jnp.sum(g * x_hat, rows)
+    d_bias = _sum_to(g, bias.shape)
+    d_scale = _sum_to(g * x_hat, scale.shape)
     h = g * scale
     d_x = h - x_hat * jnp.mean(h * x_hat, -1, keepdims=True)
     if not centred:
