@@ -13,7 +13,8 @@ Five MLPs over a latent state ``z`` that never decodes back to observations:
 
 Every hidden layer is Linear -> LayerNorm -> Mish (``NormedLinear``; LayerNorm and Mish are one
 op with a hand-written backward, ``ops.layer_norm``; for planning, ``centre_weights`` and
-``centred`` compute the same layers with fewer passes); the first hidden layer of
+``centred`` compute the same layers with fewer passes; the Q heads run the same layers as one
+function of their stacked parameters, ``q_logits``); the first hidden layer of
 each Q network has dropout 0.01 (``ops.dropout``, which makes it 655/65536). SimNorm (sec.
 3.2) splits the latent into groups of 8 and takes a softmax over each, so every group is a
 point on a simplex: the latent stays bounded and sparse whatever the task's scale. Rewards
