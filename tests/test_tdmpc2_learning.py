@@ -30,7 +30,8 @@ def test_pendulum_reaches_minus_250(tmp_path):
     steps. Measured (2026-11-25, 35 min on 2 cores with other runs beside it): -1517.0 (random,
     1000), -243.2, -398.7, -144.6, -213.6 (5000) and -122.4 after the last update. Again
     (2026-11-27, 12 min alone, Q-head dropout from ``ops.dropout``): -239.5, -397.3, -118.6,
-    -211.8 and -123.6."""
+    -211.8 and -123.6. Again (2026-11-27, later, the Q heads as one function of their stacked
+    parameters, 11 min alone): -196.7, -172.3, -117.8, -207.4 and -122.0."""
     evals = evaluations("configs/tdmpc2.py:pendulum", str(tmp_path))
     print("Pendulum evaluations:", evals)
     assert evals[-1][0] == 5000
@@ -46,7 +47,9 @@ def test_cartpole_balance_reaches_800(tmp_path):
     returns per 1000 steps 277.8 (random), 321.5, 309.3, 552.0, 580.6, 721.7, 812.2, 732.5,
     754.1, 887.8; evaluations 694.8 at 5000 and 860.0 at 10000, 868.4 after the last
     update. Again (2026-11-27, 14 min 46 s alone, Q-head dropout from ``ops.dropout``): 611.8
-    at 5000, 962.2 at 10000, 960.3 after the last update. The earlier runs that stalled near
+    at 5000, 962.2 at 10000, 960.3 after the last update. Again (2026-11-27, later, the Q heads
+    as one function of their stacked parameters, 19 min 23 s with a SimPLe run beside it):
+    718.5 at 5000, 938.9 at 10000, 949.9 after the last update. The earlier runs that stalled near
     470 had envpool's action repeat, which reported only the last control step's reward: half
     of these returns (jaxwm/envs/factory.py now sums them)."""
     evals = evaluations("configs/tdmpc2.py:dmc", str(tmp_path), **CARTPOLE)
