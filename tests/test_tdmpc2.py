@@ -74,6 +74,17 @@ def test_centred_layers_with_centred_weights_compute_the_same_function():
                                plain.apply(params, x), rtol=1e-5, atol=2e-6)
 
 
+def test_an_mlp_maps_any_batch_shape_row_by_row():
+    """``MLP`` flattens its input's batch axes into one (for XLA:CPU's sums in the backward):
+    the output keeps the batch shape, and each row's output is that row's alone."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 24))
+    net = wm.MLP((32, 32), 16, out_act="simnorm")
+    params = perturbed(net.init(jax.random.PRNGKey(1), x))
+    out = net.apply(params, x)
+    assert out.shape == (2, 3, 16)
+    np.testing.assert_allclose(out[1, 2], net.apply(params, x[1, 2]), rtol=1e-5, atol=1e-6)
+
+
 def test_the_centred_world_model_predicts_what_the_model_does():
     model = wm.WorldModel(2, wm.SIZES[1], episodic=True)
     params = perturbed(wm.init(model, jax.random.PRNGKey(0), 5), spread=0.02)
