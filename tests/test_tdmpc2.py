@@ -187,6 +187,14 @@ def test_the_q_ensemble_is_each_head_a_q_network_with_its_own_dropout():
     assert float(jnp.abs(dropped[0] - dropped[1]).max()) > 1e-2  # rounding alone: ~1e-5
 
 
+def test_initial_parameters_can_be_donated():
+    """Every parameter is a buffer of its own (updates donate the learner; XLA refuses a
+    buffer donated twice, which shared zero arrays in the Q heads' init would be)."""
+    params = wm.init(wm.WorldModel(2, wm.SIZES[1]), jax.random.PRNGKey(0), 5)
+    bumped = jax.jit(lambda p: jax.tree.map(lambda x: x + 1, p), donate_argnums=0)(params)
+    assert jax.tree.structure(bumped) == jax.tree.structure(params)
+
+
 @pytest.mark.parametrize("size,low,high", [(1, 0.5e6, 1.5e6), (5, 4.5e6, 5.5e6)])
 def test_model_sizes_have_their_parameter_counts(size, low, high):
     """On a DMC-sized task (walker: 24 observations, 6 actions), as the presets' names say."""

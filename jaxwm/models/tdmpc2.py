@@ -166,13 +166,15 @@ def init_q_heads(key, num_heads: int, in_dim: int, width: int) -> dict:
     """Parameters of ``num_heads`` Q networks stacked on a leading axis, each two hidden
     NormedLinears of ``width`` (the first with dropout) and 101 zero-initialised logits:
     ``NormedLinear_0``, ``NormedLinear_1`` (``Dense_0``: kernel, bias; ``LayerNorm_0``: scale,
-    bias) and ``Dense_0``, the tree a ``vmap`` of ``MLP`` would make."""
+    bias) and ``Dense_0``, the tree a ``vmap`` of ``MLP`` would make. Every leaf is an array
+    of its own: updates donate the parameters, and XLA refuses one buffer donated twice."""
     normal = nn.initializers.truncated_normal(0.02)
-    zeros, ones = jnp.zeros((num_heads, width)), jnp.ones((num_heads, width))
 
     def normed_linear(k, fan_in):
-        return {"Dense_0": {"kernel": normal(k, (num_heads, fan_in, width)), "bias": zeros},
-                "LayerNorm_0": {"scale": ones, "bias": zeros}}
+        return {"Dense_0": {"kernel": normal(k, (num_heads, fan_in, width)),
+                            "bias": jnp.zeros((num_heads, width))},
+                "LayerNorm_0": {"scale": jnp.ones((num_heads, width)),
+                                "bias": jnp.zeros((num_heads, width))}}
 
     k_first, k_second = jax.random.split(key)
     return {"NormedLinear_0": normed_linear(k_first, in_dim),
