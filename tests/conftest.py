@@ -35,6 +35,14 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Slow learning tests run up to an hour: no per-test timeout for them (pyproject.toml's
+    ``timeout`` guards the default suite against hangs)."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(0))
+
+
 def _run_script(script: str, devices: int | None = None) -> dict:
     """Runs ``script`` (formatted with ``root``, the repository) in a fresh Python, on
     ``devices`` fake CPU devices if given (JAX fixes the count when it starts), and returns
