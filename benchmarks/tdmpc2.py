@@ -24,22 +24,28 @@ median of ``--repeats`` calls; peak memory is the process's.
 ``floor_s`` and ``share_bound``: the work of a program that is not a matrix product, each
 piece compiled and timed alone at the shapes of one head or step, and what that leaves for
 the matmul share at best, ``matmul_alone_s / (matmul_alone_s + floor_s)``. For the update
-(``floor``): every hidden layer's LayerNorm + Mish, forward and backward where gradients flow,
-the dropout masks, both Adam steps, the target copy's EMA; it leaves out SimNorm, the two-hot
-losses, the policy's squash and the gradient clip. For planning (``plan_floor``, per env):
+(``floor``): every hidden layer's LayerNorm + Mish and every latent's LayerNorm + SimNorm,
+forward and backward where gradients flow, the dropout masks, the two-hot cross-entropies and
+decodes, the policy prior's squashed Gaussian, both Adam steps with their gradient clips, the
+target copy's EMA; it leaves out the consistency loss, the per-step masked means, the policy
+loss's running scale and the copies the program makes. For planning (``plan_floor``, per env):
 every hidden layer's LayerNorm + Mish and every latent's LayerNorm + SimNorm (centred, as the
 planner runs them: ``models.tdmpc2.centre_weights``) in the
 candidates' and the policy prior's rollouts, the two-hot decodes of rewards and Q-values, and
-MPPI's own sampling, top-k and refit on an objective that costs nothing; it leaves out the
-policy's squash and the concatenations. Both bounds are generous. Layers run ``count`` times
-in one ``lax.scan`` (``_looped``), not one dispatch each. Each piece is a median of
-``--repeats`` calls; at ``--quick``'s one call the floor is noisy enough to put the bound
-below the share measured (seen once at 1M: 55% against 59%).
+the policy prior's squashed Gaussian, and MPPI's own sampling, top-k and refit on an objective
+that costs nothing; it leaves out the concatenations. Layers run ``count`` times in one
+``lax.scan`` (``_looped``), not one dispatch each; each call computes and writes its whole
+output and reads its input as the program does (the loop until 2026-11-28 did neither:
+``_looped``). Each piece is a median of ``--repeats`` calls. Both bounds are estimates, not
+ceilings: in the program XLA may overlap a piece with a product, and the 1M plan's share has
+come out above its bound (benchmarks/README.md, TD-MPC2).
 
 The peer is nicklashansen/tdmpc2's own code, run between jaxwm's measurements when
 ``--peer-command`` is given: a command that prints one JSON line (``benchmarks/peers/
 tdmpc2_torch.py`` is that command; the reference code is never committed), at the same
-thread count.
+thread count. ``speedup_bound`` is the peer's time over ``matmul_alone_s + floor_s``: what a
+program doing this work's products and non-matmul pieces, each at its rate alone, would gain
+on the peer here.
 
     python benchmarks/tdmpc2.py --quick                  # 1M only, one repeat (~1 min)
     python benchmarks/tdmpc2.py                          # 1M and 5M (~2 min on 2 cores)
@@ -102,9 +108,17 @@ def _ln_mish(x, scale, bias, centred=False):
     return layer_norm_mish(x, scale, bias, centred)
 
 
-def _ln_mish_backward(x, scale, bias):
-    y, vjp = jax.vjp(_ln_mish, x, scale, bias)
-    return vjp(y)
+def _backward_of(fn, inputs: int | None = None):
+    """``fn``'s forward and its backward with respect to its first ``inputs`` arguments (all of
+    them by default: a layer's scale and bias as well as its input), with the output itself as
+    the incoming gradient."""
+
+    def run(*args):
+        n = len(args) if inputs is None else inputs
+        y, vjp = jax.vjp(lambda *wrt: fn(*wrt, *args[n:]), *args[:n])
+        return vjp(y)
+
+    return run
 
 
 def _ln_simnorm(x, scale, bias, centred=False):
@@ -118,17 +132,24 @@ def _alone(fn, repeats: int, *args) -> float:
 
 def _looped(fn, count: int):
     """``fn(x, *rest)`` run ``count`` times in one ``lax.scan``, with no dispatch between the
-    calls (a floor of hundreds of small layers would otherwise time the dispatcher): each call
-    takes ``x`` times a scalar carried from the last call's output, so none is hoisted out of
-    the loop, and that product fuses into the piece's own first pass."""
+    calls (a floor of hundreds of small layers would otherwise time the dispatcher). Each call's
+    whole output is carried to the loop's result, so XLA computes and writes all of it, as the
+    program does; ``x`` is carried too, through an optimisation barrier with the output, so
+    XLA cannot tell it is loop-invariant and hoist work on it out of the loop, and no pass
+    over it is added. (Until 2026-11-28 the loop kept one element of the output, so XLA
+    computed Mish and the two-hot decodes for that element alone, and it multiplied ``x`` by
+    a carried scalar, a pass the program does not make.)"""
 
     @jax.jit
     def run(x, *rest):
         def body(carry, _):
-            first = jax.tree.leaves(fn(x * carry, *rest))[0]
-            return 1.0 + 1e-30 * first.reshape(-1)[0], None
+            x, _ = carry
+            out = fn(x, *rest)
+            return jax.lax.optimization_barrier((x, out)), None
 
-        return jax.lax.scan(body, jnp.ones(()), None, length=count)[0]
+        shapes = jax.eval_shape(fn, x, *rest)
+        outputs = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        return jax.lax.scan(body, (x, outputs), None, length=count)[0][1]
 
     return run
 
@@ -154,7 +175,7 @@ def floor(agent: tdmpc2.Agent, learner, repeats: int) -> dict[str, float]:
                (b, s.enc_dim): enc_hidden}  # the encoder on the first observation
     forward = {(steps, s.mlp_dim): 2 + 2 * 2,  # TD target: the prior, two target Q heads
                (steps, s.enc_dim): enc_hidden}  # the encoder on the next observations
-    pieces = {"LayerNorm+Mish fwd+bwd": _layers_alone(trained, _ln_mish_backward, repeats),
+    pieces = {"LayerNorm+Mish fwd+bwd": _layers_alone(trained, _backward_of(_ln_mish), repeats),
               "LayerNorm+Mish fwd": _layers_alone(forward, _ln_mish, repeats)}
     masks = jax.jit(lambda k, rows: dropout(k, jnp.ones((rows, s.mlp_dim)), wm.Q_DROPOUT),
                     static_argnums=1)
@@ -174,6 +195,31 @@ def floor(agent: tdmpc2.Agent, learner, repeats: int) -> dict[str, float]:
                                      learner.pi_opt))
     ema = jax.jit(lambda online, target: optax.incremental_update(online, target, 0.01))
     pieces["target EMA"] = _alone(ema, repeats, wm.q_params(params), learner.target_qs)
+    # The latents' LayerNorm + SimNorm: the dynamics' outputs over the horizon and the
+    # encoder's on the first observation (gradients flow), the encoder's on the next ones.
+    pieces["LayerNorm+SimNorm fwd+bwd"] = _layers_alone(
+        {(steps, s.latent_dim): 1, (b, s.latent_dim): 1}, _backward_of(_ln_simnorm), repeats)
+    pieces["LayerNorm+SimNorm fwd"] = _layers_alone({(steps, s.latent_dim): 1}, _ln_simnorm,
+                                                    repeats)
+    # The two-hot cross-entropies of the reward and every Q head (symlog and two-hot encoding
+    # of the targets included), and the decodes of two heads' Q-values: the TD target's
+    # (forward) and the policy loss's (forward and backward).
+    logits = lambda rows: jax.random.normal(jax.random.PRNGKey(0), (rows, wm.NUM_BINS))  # noqa: E731
+    ce_rows = (1 + s.num_q) * steps
+    targets = jax.random.normal(jax.random.PRNGKey(1), (ce_rows,))
+    pieces["two-hot losses fwd+bwd"] = _alone(
+        jax.jit(_backward_of(lambda x, t: wm.soft_cross_entropy(x, t))), repeats,
+        logits(ce_rows), targets)
+    pieces["two-hot decodes"] = (_alone(jax.jit(wm.decode), repeats, logits(2 * steps))
+                                 + _alone(jax.jit(_backward_of(wm.decode)), repeats,
+                                          logits(2 * with_pi)))
+    # The policy prior's squashed Gaussian: the TD target's (forward), the policy loss's.
+    out = lambda rows: jax.random.normal(jax.random.PRNGKey(0), (rows, 2 * agent.action_dim))  # noqa: E731
+    key = jax.random.PRNGKey(2)
+    pieces["policy squash"] = (
+        _alone(jax.jit(wm.squashed_gaussian), repeats, out(steps), key)
+        + _alone(jax.jit(_backward_of(lambda o, k: wm.squashed_gaussian(o, k)[1], inputs=1)),
+                 repeats, out(with_pi), key))
     return pieces
 
 
@@ -193,6 +239,14 @@ def plan_floor(agent: tdmpc2.Agent, repeats: int) -> dict[str, float]:
               "LayerNorm+SimNorm fwd": _layers_alone(latent, partial(_ln_simnorm, centred=True),
                                                      repeats),
               "two-hot decodes": _alone(_looped(wm.decode, iters * (h + 2)), repeats, logits)}
+    # The policy prior's squashed Gaussian: at each iteration's final latents, and in the
+    # prior's own rollouts.
+    key = jax.random.PRNGKey(2)
+    squash = lambda out, key: wm.squashed_gaussian(out, key)[0]  # noqa: E731
+    pieces["policy squash"] = sum(
+        _alone(_looped(squash, count), repeats,
+               jax.random.normal(key, (rows, 2 * agent.action_dim)), key)
+        for rows, count in ((n, iters), (p.num_pi_trajs, h)))
     # MPPI's own work (sampling, top-k, the elites' refit, the final pick) on a free objective.
     mean = jnp.zeros((h, agent.action_dim))
     fixed = jnp.zeros((p.num_pi_trajs, h, agent.action_dim))
@@ -259,10 +313,11 @@ def main() -> None:
         "time (1.0 = every cycle spent in matmuls at the rate this machine reaches for those "
         "shapes); the two are timed in turn and the share is the median of the per-pair ratios.",
         "share_bound: matmul_alone_s / (matmul_alone_s + floor_s), floor_s the program's "
-        "non-matmul pieces timed alone (update: LayerNorm + Mish, dropout masks, Adam, target "
-        "EMA; planning: LayerNorm + Mish and + SimNorm, two-hot decodes, MPPI's sampling, "
-        "top-k and refit; floor_pieces_s in the JSON): the highest matmul_share that XLA's "
-        "code for those pieces leaves room for on this machine.",
+        "non-matmul pieces timed alone (LayerNorm + Mish and + SimNorm, two-hot losses and "
+        "decodes, the policy's squash; the update's dropout masks, clipped Adam steps and "
+        "target EMA; planning's MPPI sampling, top-k and refit; floor_pieces_s in the JSON): "
+        "the highest matmul_share a program with those pieces could reach on this machine if "
+        "none overlapped a product (an estimate, not a ceiling: a share can come out above it).",
         "peak_mib: " + rows[0]["memory"] + ".",
     ]
     if peers:
@@ -279,10 +334,15 @@ def main() -> None:
             return size.get(keys[r["what"]]) if r["what"] in keys else None
 
         attach_peer(rows, peers, peer_seconds)
+        for r in rows:  # the most a program doing this work could gain on the peer here
+            if "peer_s" in r:
+                r["speedup_bound"] = r["peer_s"] / (r["matmul_alone_s"] + r["floor_s"])
+        notes.append("speedup_bound: peer_s / (matmul_alone_s + floor_s), the speedup of a "
+                     "program that did this work's matrix products and non-matmul pieces "
+                     "each at their rate alone, one after another.")
     columns = ["size", "what", "s_per_call", "updates_per_s", "env_steps_per_s", "peer_s",
-               "speedup", "matmul_gflop", "gflops", "matmul_share", "share_bound", "floor_s",
-               "peer_matmul_share",
-               "compile_s", "peak_mib"]
+               "speedup", "speedup_bound", "matmul_gflop", "gflops", "matmul_share",
+               "share_bound", "floor_s", "peer_matmul_share", "compile_s", "peak_mib"]
     write_results("tdmpc2", rows, hardware(), notes, columns=columns, quick=args.quick)
 
 

@@ -122,6 +122,23 @@ def test_program_row_times_the_program_and_its_matmuls_in_turn(benchmark_modules
     assert row["matmul_gflop"] == 2 * 8 * 8 * 8 / 1e9
 
 
+def test_matmuls_alone_computes_every_product_whole(benchmark_modules):
+    """``common.matmuls_alone`` (the numerator of every matmul share) returns each shape's last
+    product in full, so XLA computes all of it on every trip: [3, 4] x [4, 5] of 0.01s is
+    4e-4 everywhere, and a batched [2, 3, 4] x [2, 4, 6] likewise."""
+    import collections
+
+    common = sys.modules["common"]
+    plain = (((1,), (0,)), ((), ()))
+    batched = (((2,), (1,)), ((0,), (0,)))
+    shapes = collections.Counter({((3, 4), (4, 5), plain, "float32"): 3,
+                                  ((2, 3, 4), (2, 4, 6), batched, "float32"): 2})
+    outputs = common.matmuls_alone(shapes)()
+    assert [o.shape for o in outputs] == [(3, 5), (2, 3, 6)]
+    for o in outputs:
+        np.testing.assert_allclose(o, 4e-4, rtol=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_quick_mode_runs(name):
@@ -143,3 +160,20 @@ def test_a_failing_peer_command_stops_with_its_error(benchmark_modules):
         common.run_peer("true")  # printed nothing
     with pytest.raises(SystemExit, match="not JSON"):
         common.run_peer("echo done")
+
+
+def test_tdmpc2_floor_loop_returns_every_output_of_its_piece(benchmark_modules):
+    """``tdmpc2._looped`` (behind the update's and planning's floors) carries each call's whole
+    output to its result, so XLA cannot compute less of a piece than the program does: a loop
+    that kept one element of the output let XLA evaluate Mish for that element alone."""
+    import jax.numpy as jnp
+
+    bench = benchmark_modules["tdmpc2"]
+    piece = bench._backward_of(bench._ln_mish)
+    x = jax.random.normal(jax.random.PRNGKey(0), (8, 32))
+    scale, bias = 1.0 + 0.1 * x[0], 0.1 * x[1]
+    outputs = bench._looped(piece, 3)(x, scale, bias)
+    for got, want in zip(outputs, piece(x, scale, bias), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert [o.shape for o in outputs] == [(8, 32), (32,), (32,)]
+    assert float(jnp.abs(outputs[1]).sum()) > 0  # the scale's gradient is computed, not dropped

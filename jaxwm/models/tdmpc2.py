@@ -286,19 +286,27 @@ class WorldModel(nn.Module):
         return self.qs(z, a, train)
 
     def pi(self, z, key):
-        """A sample of the tanh-squashed Gaussian policy prior and ``info``: ``mean``
-        (squashed), ``log_std``, ``entropy`` (of the squashed sample) and ``scaled_entropy``,
-        the reference's entropy for the policy loss: ``-|A| * log N(eps; 0, std)`` before the
-        squash (its tanh correction cancels out in ``world_model.pi``)."""
-        mean, log_std = jnp.split(self.policy(z), 2, axis=-1)
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (jnp.tanh(log_std) + 1)
-        eps = jax.random.normal(key, mean.shape)
-        gaussian = jnp.sum(-0.5 * eps ** 2 - log_std - 0.5 * jnp.log(2 * jnp.pi), -1)
-        action = jnp.tanh(mean + eps * jnp.exp(log_std))
-        correction = jnp.sum(jnp.log(jax.nn.relu(1 - action ** 2) + 1e-6), -1)
-        return action, {"mean": jnp.tanh(mean), "log_std": log_std,
-                        "entropy": -(gaussian - correction),
-                        "scaled_entropy": -gaussian * self.action_dim}
+        """A sample of the tanh-squashed Gaussian policy prior at ``z`` and its ``info``
+        (``squashed_gaussian``)."""
+        return squashed_gaussian(self.policy(z), key)
+
+
+def squashed_gaussian(out: jax.Array, key) -> tuple[jax.Array, dict]:
+    """The policy prior's head (``world_model.pi``): ``out`` [..., 2 |A|] is the Gaussian's mean
+    and unsquashed log-std; returns a tanh-squashed sample and ``info``: ``mean`` (squashed),
+    ``log_std``, ``entropy`` (of the squashed sample) and ``scaled_entropy``, the reference's
+    entropy for the policy loss: ``-|A| * log N(eps; 0, std)`` before the squash (its tanh
+    correction cancels out in ``world_model.pi``)."""
+    mean, log_std = jnp.split(out, 2, axis=-1)
+    action_dim = mean.shape[-1]
+    log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (jnp.tanh(log_std) + 1)
+    eps = jax.random.normal(key, mean.shape)
+    gaussian = jnp.sum(-0.5 * eps ** 2 - log_std - 0.5 * jnp.log(2 * jnp.pi), -1)
+    action = jnp.tanh(mean + eps * jnp.exp(log_std))
+    correction = jnp.sum(jnp.log(jax.nn.relu(1 - action ** 2) + 1e-6), -1)
+    return action, {"mean": jnp.tanh(mean), "log_std": log_std,
+                    "entropy": -(gaussian - correction),
+                    "scaled_entropy": -gaussian * action_dim}
 
 
 def centre_weights(params):
