@@ -207,9 +207,8 @@ def floor(agent: tdmpc2.Agent, learner, repeats: int) -> dict[str, float]:
     logits = lambda rows: jax.random.normal(jax.random.PRNGKey(0), (rows, wm.NUM_BINS))  # noqa: E731
     ce_rows = (1 + s.num_q) * steps
     targets = jax.random.normal(jax.random.PRNGKey(1), (ce_rows,))
-    pieces["two-hot losses fwd+bwd"] = _alone(
-        jax.jit(_backward_of(lambda x, t: wm.soft_cross_entropy(x, t))), repeats,
-        logits(ce_rows), targets)
+    pieces["two-hot losses fwd+bwd"] = _alone(jax.jit(_backward_of(wm.soft_cross_entropy)),
+                                              repeats, logits(ce_rows), targets)
     pieces["two-hot decodes"] = (_alone(jax.jit(wm.decode), repeats, logits(2 * steps))
                                  + _alone(jax.jit(_backward_of(wm.decode)), repeats,
                                           logits(2 * with_pi)))
