@@ -157,3 +157,29 @@ def test_conv2d_padding_is_pytorchs():
                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
     np.testing.assert_allclose(layer.apply(params, x), want + params["params"]["bias"],
                                rtol=1e-5, atol=1e-5)
+
+
+def test_a_kernel_larger_than_its_padded_input_is_not_swapped_with_it():
+    """SimPLe's 3x3 middle layers over a 3x2 map: folded into the convolution, the pad would
+    let XLA swap input and kernel (``ConvOperandSwapper``; a reversed kernel, ~100x slower on
+    CPU). Forward and both gradients must keep the activations as the convolution's input."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 2, 8))
+    layer = Conv2D(8, 3, padding=1)
+    params = layer.init(jax.random.PRNGKey(1), x)
+    loss = lambda p, x: jnp.sum(jnp.sin(layer.apply(p, x)))  # noqa: E731
+    grads = jax.grad(loss, argnums=(0, 1))
+    for fn in (layer.apply, grads):
+        hlo = backend.jit(fn).lower(params, x).compile().as_text()
+        convs = [line for line in hlo.splitlines() if " convolution(" in line]
+        assert convs and not any("rhs_reversal" in line for line in convs), convs
+    w = params["params"]["kernel"]
+    want = lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)),
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    np.testing.assert_allclose(layer.apply(params, x), want + params["params"]["bias"],
+                               rtol=1e-5, atol=1e-5)
+    ref = jax.grad(lambda w, x: jnp.sum(jnp.sin(lax.conv_general_dilated(
+        x, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        + params["params"]["bias"])), argnums=(0, 1))(w, x)
+    dp, dx = grads(params, x)
+    np.testing.assert_allclose(dp["params"]["kernel"], ref[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dx, ref[1], rtol=1e-4, atol=1e-4)

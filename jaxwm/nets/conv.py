@@ -29,6 +29,12 @@ convolutions to YNNPACK, several times slower here.
 Parameters are named and laid out as ``flax.linen.Conv``'s (``kernel`` HWIO, ``bias``), so
 checkpoints move freely between backends and implementations.
 
+One more XLA rewrite is kept out: after folding a zero pad into a convolution,
+``ConvOperandSwapper`` swaps input and kernel whenever the kernel covers more positions than
+the unpadded input has (a 3x3 kernel over SimPLe's 3x2 bottleneck), and XLA:CPU runs the
+swapped convolution about a hundred times slower (``benchmarks/README.md``, SimPLe). ``pad``
+keeps such a pad a pad.
+
 Transposed convolutions (the decoders of pixel world models, SimPLe's next-frame predictor
 stepped in a scan) are written the same way: ``conv_transpose`` computes PyTorch's
 ``ConvTranspose2d`` as a stride-1 ``conv`` producing ``s*s`` times the features, followed by
@@ -53,6 +59,21 @@ _DIMS = ("NHWC", "HWIO", "NHWC")
 
 def _conv(x, w, stride=1, padding="VALID"):
     return lax.conv_general_dilated(x, w, (stride, stride), padding, dimension_numbers=_DIMS)
+
+
+def pad(x: jax.Array, low: int, high: int, kernel: int) -> jax.Array:
+    """Zero-pads rows and columns of ``[B, H, W, C]`` by ``low`` before and ``high`` after,
+    for a ``kernel x kernel`` convolution to read.
+
+    Where the kernel covers more positions than ``x`` has, the padded input goes through an
+    optimisation barrier: XLA would fold the pad into the convolution and then, by
+    ``ConvOperandSwapper``'s rule (kernel area > input area), swap input and kernel, which
+    XLA:CPU runs about a hundred times slower (580 ms against 6 ms for SimPLe's 3x3 middle
+    layers over 3x2 maps at batch 16). The barrier costs one copy of a map that small."""
+    padded = jnp.pad(x, ((0, 0), (low, high), (low, high), (0, 0)))
+    if (low or high) and kernel * kernel > x.shape[1] * x.shape[2]:
+        padded = lax.optimization_barrier(padded)
+    return padded
 
 
 def space_to_depth(x: jax.Array, s: int) -> jax.Array:
@@ -94,7 +115,7 @@ def _stride1_grads(x, w, dy):
     dy_t = jnp.transpose(dy, (1, 2, 0, 3))  # [OH, OW, B, F]
     dw = jnp.transpose(_conv(x_t, dy_t), (1, 2, 0, 3))
     w_flipped = jnp.transpose(w[::-1, ::-1], (0, 1, 3, 2))  # [K, K, F, C]
-    dx = _conv(dy, w_flipped, padding=[(k - 1, k - 1), (k - 1, k - 1)])
+    dx = _conv(pad(dy, k - 1, k - 1, k), w_flipped)
     return dx, dw
 
 
@@ -145,7 +166,7 @@ def conv_transpose(x: jax.Array, w: jax.Array, stride: int, padding: int = 0,
     w = jnp.pad(w, ((0, taps * s - k), (0, taps * s - k), (0, 0), (0, 0)))
     w = w.reshape(taps, s, taps, s, channels, features)[::-1, :, ::-1]  # [j, t, j, t, C, F]
     w = w.transpose(0, 2, 4, 1, 3, 5).reshape(taps, taps, channels, s * s * features)
-    x = jnp.pad(x, ((0, 0), (taps - 1, taps - 1), (taps - 1, taps - 1), (0, 0)))
+    x = pad(x, taps - 1, taps - 1, taps)
     y = depth_to_space(conv(x, w, 1) if canonical else _conv(x, w, 1), s)
     out_h = (x.shape[1] - 2 * (taps - 1) - 1) * s - 2 * padding + k + output_padding
     out_w = (x.shape[2] - 2 * (taps - 1) - 1) * s - 2 * padding + k + output_padding
@@ -179,9 +200,7 @@ class Conv2D(nn.Module):
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
         if self.dtype is not None:
             x, w, bias = (v.astype(self.dtype) for v in (x, w, bias))
-        if self.padding:
-            p = self.padding
-            x = jnp.pad(x, ((0, 0), (p, p), (p, p), (0, 0)))
+        x = pad(x, self.padding, self.padding, self.kernel)
         y = conv(x, w, self.stride) if _use_canonical(self.canonical_backward) else \
             _conv(x, w, self.stride)
         return y + bias
