@@ -252,22 +252,20 @@ def attach_peer(rows: list[dict], peers: list[dict],
 # ----------------------------------------------------------------------------- matmuls
 
 
-def dot_shapes(fn: Callable, *args) -> collections.Counter:
-    """Every ``dot_general`` that ``fn(*args)`` runs, as ``{(lhs shape, rhs shape, dimension
-    numbers, dtype): count}``, with scans counted ``length`` times (read from the jaxpr, so
-    loops count as XLA's cost analysis, which sees a loop's body once, does not)."""
+def _primitive_shapes(fn: Callable, args: tuple, primitive: str, key: Callable) -> collections.Counter:
+    """``{key(eqn): count}`` over every ``primitive`` equation that ``fn(*args)`` runs, with
+    scans counted ``length`` times (read from the jaxpr, so loops count as XLA's cost analysis,
+    which sees a loop's body once, does not)."""
     counts: collections.Counter = collections.Counter()
 
     def visit(jaxpr, times: int) -> None:
         for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "dot_general":
-                lhs, rhs = (v.aval for v in eqn.invars)
-                counts[(lhs.shape, rhs.shape, eqn.params["dimension_numbers"],
-                        str(lhs.dtype))] += times
+            if eqn.primitive.name == primitive:
+                counts[key(eqn)] += times
                 continue
             if eqn.primitive.name in ("while", "cond"):
-                raise ValueError(f"dot_shapes: a {eqn.primitive.name} runs an unknown number "
-                                 "of its bodies.")
+                raise ValueError(f"{primitive} shapes: a {eqn.primitive.name} runs an unknown "
+                                 "number of its bodies.")
             repeat = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
             for value in eqn.params.values():
                 for sub in value if isinstance(value, (tuple, list)) else (value,):
@@ -278,6 +276,75 @@ def dot_shapes(fn: Callable, *args) -> collections.Counter:
 
     visit(jax.make_jaxpr(fn)(*args).jaxpr, 1)
     return counts
+
+
+def dot_shapes(fn: Callable, *args) -> collections.Counter:
+    """Every ``dot_general`` that ``fn(*args)`` runs, as ``{(lhs shape, rhs shape, dimension
+    numbers, dtype): count}`` (``_primitive_shapes``: scans counted by their length)."""
+    def key(eqn):
+        lhs, rhs = (v.aval for v in eqn.invars)
+        return lhs.shape, rhs.shape, eqn.params["dimension_numbers"], str(lhs.dtype)
+    return _primitive_shapes(fn, args, "dot_general", key)
+
+
+_CONV_PARAMS = ("window_strides", "padding", "lhs_dilation", "rhs_dilation",
+                "dimension_numbers", "feature_group_count", "batch_group_count")
+
+
+def conv_shapes(fn: Callable, *args) -> collections.Counter:
+    """Every ``conv_general_dilated`` that ``fn(*args)`` runs, as ``{(lhs shape, rhs shape,
+    parameters, dtype): count}``; the parameters are ``_CONV_PARAMS`` in order."""
+    def key(eqn):
+        lhs, rhs = (v.aval for v in eqn.invars)
+        params = tuple(tuple(map(tuple, eqn.params[p])) if p == "padding" else eqn.params[p]
+                       for p in _CONV_PARAMS)
+        return lhs.shape, rhs.shape, params, str(lhs.dtype)
+    return _primitive_shapes(fn, args, "conv_general_dilated", key)
+
+
+def _conv(lhs, rhs, params):
+    return jax.lax.conv_general_dilated(lhs, rhs, **dict(zip(_CONV_PARAMS, params, strict=True)))
+
+
+def conv_flops(shapes: collections.Counter) -> float:
+    """2 x multiply-adds of every convolution in ``shapes`` (``conv_shapes``): per output element,
+    the kernel's window times its input features (a dilated input's zeros included, as XLA's
+    cost analysis counts them)."""
+    total = 0.0
+    for (lhs, rhs, params, dtype), count in shapes.items():
+        out = jax.eval_shape(partial(_conv, params=params), jax.ShapeDtypeStruct(lhs, dtype),
+                             jax.ShapeDtypeStruct(rhs, dtype))
+        rhs_spec = params[_CONV_PARAMS.index("dimension_numbers")].rhs_spec
+        per_output = math.prod(rhs[i] for i in rhs_spec[1:])  # input features x window
+        total += 2.0 * math.prod(out.shape) * per_output * count
+    return total
+
+
+def convs_alone(shapes: collections.Counter) -> Callable[[], list]:
+    """``matmuls_alone`` for convolutions: a call that runs exactly the convolutions of
+    ``shapes``, each ``count`` times in a ``lax.scan`` with its input and output carried through
+    an optimisation barrier. Compiled by ``backend.jit``, as the programs are, so each runs on
+    the same XLA:CPU path (not YNNPACK's, ``jaxwm/backend.py``)."""
+    from jaxwm import backend
+
+    plan = [(params, count) for (_, _, params, _), count in shapes.items()]
+    tensors = [(jnp.full(lhs, 0.01, dtype), jnp.full(rhs, 0.01, dtype))
+               for (lhs, rhs, _, dtype) in shapes]
+
+    @backend.jit
+    def run(tensors):
+        outputs = []
+        for (lhs, rhs), (params, count) in zip(tensors, plan, strict=True):
+            def body(carry, _, rhs=rhs, params=params):
+                lhs, _ = carry
+                return jax.lax.optimization_barrier((lhs, _conv(lhs, rhs, params))), None
+
+            first = jax.eval_shape(partial(_conv, params=params), lhs, rhs)
+            carry = (lhs, jnp.zeros(first.shape, first.dtype))
+            outputs.append(jax.lax.scan(body, carry, None, length=count)[0][1])
+        return outputs
+
+    return lambda: run(tensors)
 
 
 def dot_flops(shapes: collections.Counter) -> float:
@@ -322,12 +389,19 @@ def matmuls_alone(shapes: collections.Counter) -> Callable[[], list]:
     return lambda: run(tensors)
 
 
-def program_row(fn: Callable, args: tuple, repeats: int, carry_first: bool = False) -> dict:
+_PRODUCTS = {"matmul": (dot_shapes, dot_flops, matmuls_alone),
+             "conv": (conv_shapes, conv_flops, convs_alone)}
+
+
+def program_row(fn: Callable, args: tuple, repeats: int, carry_first: bool = False,
+                products: str = "matmul") -> dict:
     """One jitted program's row: ``fn(*args)`` compiled as training compiles it
     (``backend.jit``), compile time apart, the median of ``repeats`` calls, its matrix
-    products' GFLOP (``dot_shapes``) and their time run alone (``matmuls_alone``).
+    products' GFLOP (``dot_shapes``) and their time run alone (``matmuls_alone``); with
+    ``products="conv"`` its convolutions' instead (``conv_shapes``, ``convs_alone``), and the
+    keys say ``conv`` where they say ``matmul``.
 
-    The program and its matmuls alone are timed in turn, one call of each per repeat, and
+    The program and its products alone are timed in turn, one call of each per repeat, and
     ``matmul_share`` is the median over repeats of matmul time / program time. Timed apart (all
     the program's calls, then all the matmuls'), the share moved by 20 points between runs on
     a shared VM, as the host's speed drifted between the two batches; in turn, both sides of
@@ -335,6 +409,7 @@ def program_row(fn: Callable, args: tuple, repeats: int, carry_first: bool = Fal
     argument between calls (a learner that goes on, as in training)."""
     from jaxwm import backend
 
+    shapes_of, flops_of, alone_of = _PRODUCTS[products]
     jitted = backend.jit(fn)
     state = {"args": args}
 
@@ -344,17 +419,18 @@ def program_row(fn: Callable, args: tuple, repeats: int, carry_first: bool = Fal
             state["args"] = (out[0],) + state["args"][1:]
         return out
 
-    shapes = dot_shapes(fn, *args)
-    matmuls = matmuls_alone(shapes)
+    shapes = shapes_of(fn, *args)
+    alone = alone_of(shapes)
     compile_s = seconds(call)
-    seconds(matmuls)  # its compile
-    pairs = [(seconds(call), seconds(matmuls)) for _ in range(repeats)]
+    seconds(alone)  # its compile
+    pairs = [(seconds(call), seconds(alone)) for _ in range(repeats)]
     program_s = median([p for p, _ in pairs])
-    flops = dot_flops(shapes)
-    return {"s_per_call": program_s, "matmul_gflop": flops / 1e9,
-            "gflops": flops / program_s / 1e9, "matmul_alone_s": median([m for _, m in pairs]),
-            "matmul_share": median([m / p for p, m in pairs]), "compile_s": compile_s,
-            "samples_s": [p for p, _ in pairs], "matmul_alone_samples_s": [m for _, m in pairs]}
+    flops = flops_of(shapes)
+    return {"s_per_call": program_s, f"{products}_gflop": flops / 1e9,
+            "gflops": flops / program_s / 1e9, f"{products}_alone_s": median([m for _, m in pairs]),
+            f"{products}_share": median([m / p for p, m in pairs]), "compile_s": compile_s,
+            "samples_s": [p for p, _ in pairs],
+            f"{products}_alone_samples_s": [m for _, m in pairs]}
 
 
 # ----------------------------------------------------------------------------- memory

@@ -7,10 +7,14 @@ Rows, per model size (``--sizes``):
   one Adafactor step per rollout step (50 optimiser steps): seconds per optimiser step and
   predicted frames/s (batch x steps / time). MBARC's ``train_world_model`` does the same work
   per optimiser step.
-* ``conv_rate``: the same optimiser step's FLOPs (XLA's cost analysis of the loss and its
-  gradient, one step under plain jit) over its time, in the training rollout's ``lax.scan``
-  and alone under plain jit (XLA:CPU's rate for exactly these convolution shapes, without a
-  loop around them); the ratio is the share of that rate the training loop reaches.
+* ``train_conv_share`` and ``sim_conv_share``: two programs timed in turn with exactly their
+  convolutions run alone (``common.program_row``; the convolutions read from the jaxpr, FLOPs
+  2 x multiply-adds): one optimiser step at batch 4 (loss, gradient, Adafactor) and one step
+  of the learned simulator at batch 16 (forward pass, argmax frame, reward). ``conv_share``
+  is the convolutions' time alone over the program's: the share of this machine's
+  convolution rate for exactly these shapes (``gflops_alone``) that the program reaches
+  (``gflops``); for the optimiser step ``gflops_in_scan`` is the same FLOPs at
+  ``update_model``'s time per step.
 * ``sim_rollout``: 16 agents x 50 steps in the learned simulator with PPO's policy acting
   (``acting.rollout`` over ``simple.simulator_step``), one jitted call; ``update_agent`` adds
   PPO's update on it (the hook as training calls it).
@@ -40,7 +44,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import optax
-from common import block, hardware, median, parser, peak_memory, run_peer, write_results
+from common import block, hardware, median, parser, peak_memory, program_row, run_peer, write_results
 
 from jaxwm import backend
 from jaxwm.agents import ppo
@@ -100,7 +104,7 @@ def measure(size: str, repeats: int) -> list[dict]:
                      "s_per_call": median(samples), "s_per_optimizer_step": per_step,
                      "frames_per_s": s.batch_size / per_step, "compile_s": compile_s,
                      "samples_s": samples})
-        rows.append(conv_rate(config, holder["state"], per_step, repeats))
+        rows += conv_shares(config, holder["state"], per_step, repeats)
         rows.append(sim_rollout(config, holder["state"], repeats))
         compile_s, samples = timed_calls(partial(call, "update_agent"), repeats)
         rows.append({"size": size, "what": "update_agent (16 x 50 sim steps + PPO update)",
@@ -115,11 +119,15 @@ def measure(size: str, repeats: int) -> list[dict]:
         algo.close()
 
 
-def conv_rate(config, state, scan_step_s: float, repeats: int) -> dict:
-    """FLOPs of one world-model optimiser step (loss, gradient, Adafactor) and their rate alone
-    under plain jit, against the rate inside the training rollout."""
+def conv_shares(config, state, scan_step_s: float, repeats: int) -> list[dict]:
+    """The two programs' convolution shares (``common.program_row``): one world-model optimiser
+    step at batch 4 (loss, gradient, Adafactor) and one step of the learned simulator at batch
+    16 (the model's forward pass, the argmax frame and the reward), each timed in turn with
+    exactly its convolutions run alone (``common.convs_alone``, from its jaxpr). The share is
+    the share of this machine's convolution rate for these shapes that the program reaches."""
     s = config.simple
-    net = nextframe.NextFramePredictor(nextframe.SIZES[s.model_size], s.reward_head,
+    size = s.model_size
+    net = nextframe.NextFramePredictor(nextframe.SIZES[size], s.reward_head,
                                        s.stochastic, detach_reward=s.strategy != "online")
     apply = simple.make_apply(net, 3)
     optimizer = simple.adafactor()
@@ -129,7 +137,7 @@ def conv_rate(config, state, scan_step_s: float, repeats: int) -> dict:
     action = jnp.zeros((s.batch_size,), jnp.int32)
     params = state.model.params
 
-    def step(params, opt_state, key):
+    def train_step(params, opt_state, key):
         def loss(params):
             logits, _, value, lstm = apply(params, stack, action, key, target, 0.0, train=True)
             return jnp.mean(nextframe.pixel_loss(logits, target)) + jnp.mean(value ** 2) + lstm
@@ -137,23 +145,20 @@ def conv_rate(config, state, scan_step_s: float, repeats: int) -> dict:
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
-    opt_state = optimizer.init(params)
-    jitted = backend.jit(step)
-    compiled = jitted.lower(params, opt_state, jax.random.key(0)).compile()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    flops = float(cost.get("flops", float("nan")))
-    holder = {"p": params, "o": opt_state}
-
-    def run():
-        holder["p"], holder["o"] = compiled(holder["p"], holder["o"], jax.random.key(1))
-        return holder["p"]
-
-    _, samples = timed_calls(run, repeats)
-    alone = median(samples)
-    return {"size": s.model_size, "what": "conv_rate (one optimiser step)",
-            "gflop_per_step": flops / 1e9, "s_alone": alone, "gflops_alone": flops / alone / 1e9,
-            "gflops_in_scan": flops / scan_step_s / 1e9, "scan_vs_alone": alone / scan_step_s}
+    n = s.sim.num_agents
+    sim_step = simple.simulator_step(apply, s.frame_mode)
+    sim_state = (jnp.zeros((n, 12, height, width), jnp.uint8), jax.random.key(1))
+    rows = []
+    for what, fn, args in (
+            (f"train_conv_share (one optimiser step, batch {s.batch_size})", train_step,
+             (params, optimizer.init(params), jax.random.key(0))),
+            (f"sim_conv_share (one simulator step, batch {n})", sim_step,
+             (params, sim_state, jnp.zeros((n,), jnp.int32)))):
+        row = program_row(fn, args, repeats, products="conv")
+        rows.append({"size": size, "what": what, **row,
+                     "gflops_alone": row["conv_gflop"] / row["conv_alone_s"]})
+    rows[0]["gflops_in_scan"] = rows[0]["conv_gflop"] / scan_step_s
+    return rows
 
 
 def sim_rollout(config, state, repeats: int) -> dict:
@@ -184,7 +189,8 @@ def sim_rollout(config, state, repeats: int) -> dict:
     compile_s, samples = timed_calls(run, repeats)
     return {"size": s.model_size, "what": f"sim_rollout ({n} x {p.num_steps}, PPO acting)",
             "s_per_call": median(samples), "compile_s": compile_s,
-            "sim_steps_per_s": n * p.num_steps / median(samples), "samples_s": samples}
+            "sim_steps_per_s": n * p.num_steps / median(samples), "samples_s": samples,
+            "steps_per_agent": p.num_steps}
 
 
 def _spec(config):
@@ -218,9 +224,10 @@ def main() -> None:
         "Adafactor step per step; 50 steps per call at tiny size, "
         f"{FULL_ROLLOUT} at full size, where a step takes seconds on a CPU) over its steps, median of "
         f"{args.repeats} calls; compile_s: the first call.",
-        "conv_rate: FLOPs of one optimiser step from XLA's cost analysis; gflops_alone: that step"
-        f" under plain jit (XLA:{hw['backend'].upper()}'s rate for these shapes); "
-        "scan_vs_alone: the training rollout's rate as a share of it (goal >= 0.7).",
+        "conv_share: the program's convolutions run alone (XLA:"
+        f"{hw['backend'].upper()}'s rate for exactly these shapes: gflops_alone) over the "
+        "program's time, timed in turn, median of the repeats' ratios (goal >= 0.7 for the "
+        "optimiser step).",
         "peak_mib: " + rows[0]["memory"] + " (on CPU the whole process, host side).",
     ]
     full = {r["what"].split(" ")[0]: r for r in rows if r["size"] == "full"}
@@ -249,15 +256,20 @@ def main() -> None:
                   or peers else f"{peer_train / train:.0f}x MBARC's one-CPU-thread figure (not "
                   "the same hardware: no MBARC run on this GPU)")
         notes.append(f"World-model training: {versus};"
-                     f" the training loop reaches {full['conv_rate']['scan_vs_alone']:.0%} of "
-                     "this machine's rate for its shapes (goal >= 70%).")
+                     f" the optimiser step reaches {full['train_conv_share']['conv_share']:.0%} of "
+                     "this machine's convolution rate for its shapes (goal >= 70%).")
         if peer_sim:
             sim = full["sim_rollout"]["s_per_call"]
+            config_steps = full["sim_rollout"]["steps_per_agent"]
+            floor = full["sim_conv_share"]["conv_alone_s"] * config_steps
             notes.append(f"Simulated rollout (16 x 50 with PPO acting): {peer_sim / sim:.2f}x "
-                         "MBARC's simulated env + policy loop (goal >= 3x).")
+                         "MBARC's simulated env + policy loop (goal >= 3x). Its "
+                         f"{config_steps} simulator steps' convolutions alone take "
+                         f"{floor:.3g} s, so no program on this machine's convolutions beats "
+                         f"MBARC's by more than {peer_sim / floor:.2f}x.")
     columns = ["size", "what", "s_per_call", "s_per_optimizer_step", "frames_per_s",
-               "sim_steps_per_s", "gflop_per_step", "gflops_alone", "gflops_in_scan",
-               "scan_vs_alone", "compile_s", "peak_mib"]
+               "sim_steps_per_s", "conv_gflop", "conv_alone_s", "gflops", "gflops_alone",
+               "gflops_in_scan", "conv_share", "compile_s", "peak_mib"]
     write_results("simple", rows, hw, notes, columns=columns, quick=args.quick)
 
 

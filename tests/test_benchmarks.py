@@ -177,3 +177,28 @@ def test_tdmpc2_floor_loop_returns_every_output_of_its_piece(benchmark_modules):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert [o.shape for o in outputs] == [(8, 32), (32,), (32,)]
     assert float(jnp.abs(outputs[1]).sum()) > 0  # the scale's gradient is computed, not dropped
+
+
+def test_conv_shapes_and_convs_alone_against_hand_counts(benchmark_modules):
+    """``common.conv_shapes`` (behind SimPLe's convolution share) counts a scan's convolution
+    once per step: [2, 5, 5, 3] x [3, 3, 3, 4] VALID is [2, 3, 3, 4] outputs of 27
+    multiply-adds, 3888 FLOPs, three times. ``convs_alone`` computes each output whole:
+    inputs of 0.01 give 27 x 1e-4 everywhere."""
+    import jax.numpy as jnp
+
+    common = sys.modules["common"]
+    w = jnp.ones((3, 3, 3, 4))
+
+    def forward(x):
+        def step(carry, _):
+            y = jax.lax.conv_general_dilated(carry, w, (1, 1), "VALID",
+                                             dimension_numbers=("NHWC", "HWIO", "NHWC"))
+            return carry + y.sum(), None
+        return jax.lax.scan(step, x, None, length=3)[0]
+
+    shapes = common.conv_shapes(forward, jnp.ones((2, 5, 5, 3)))
+    assert sum(shapes.values()) == 3 and len(shapes) == 1
+    assert common.conv_flops(shapes) == 3 * 3888
+    (out,) = common.convs_alone(shapes)()
+    assert out.shape == (2, 3, 3, 4)
+    np.testing.assert_allclose(out, 27e-4, rtol=1e-5)
