@@ -320,31 +320,40 @@ def conv_flops(shapes: collections.Counter) -> float:
     return total
 
 
-def convs_alone(shapes: collections.Counter) -> Callable[[], list]:
-    """``matmuls_alone`` for convolutions: a call that runs exactly the convolutions of
-    ``shapes``, each ``count`` times in a ``lax.scan`` with its input and output carried through
-    an optimisation barrier. Compiled by ``backend.jit``, as the programs are, so each runs on
-    the same XLA:CPU path (not YNNPACK's, ``jaxwm/backend.py``)."""
-    from jaxwm import backend
-
+def _products_alone(shapes: collections.Counter, product: Callable, jit: Callable
+                    ) -> Callable[[], list]:
+    """A call that runs exactly the products of ``shapes`` (``{(lhs shape, rhs shape, params,
+    dtype): count}``), ``product(lhs, rhs, params)`` each ``count`` times in a ``lax.scan``.
+    Each product's operand and output are carried through an optimisation barrier, so XLA
+    cannot hoist the product out of the loop as loop-invariant, and every output is written
+    whole, as in the program."""
     plan = [(params, count) for (_, _, params, _), count in shapes.items()]
     tensors = [(jnp.full(lhs, 0.01, dtype), jnp.full(rhs, 0.01, dtype))
                for (lhs, rhs, _, dtype) in shapes]
 
-    @backend.jit
+    @jit
     def run(tensors):
         outputs = []
         for (lhs, rhs), (params, count) in zip(tensors, plan, strict=True):
             def body(carry, _, rhs=rhs, params=params):
                 lhs, _ = carry
-                return jax.lax.optimization_barrier((lhs, _conv(lhs, rhs, params))), None
+                return jax.lax.optimization_barrier((lhs, product(lhs, rhs, params))), None
 
-            first = jax.eval_shape(partial(_conv, params=params), lhs, rhs)
+            first = jax.eval_shape(partial(product, params=params), lhs, rhs)
             carry = (lhs, jnp.zeros(first.shape, first.dtype))
             outputs.append(jax.lax.scan(body, carry, None, length=count)[0][1])
         return outputs
 
     return lambda: run(tensors)
+
+
+def convs_alone(shapes: collections.Counter) -> Callable[[], list]:
+    """``matmuls_alone`` for convolutions (``_products_alone`` of ``conv_shapes``), compiled by
+    ``backend.jit``, as the programs are, so each runs on the same XLA:CPU path (not
+    YNNPACK's, ``jaxwm/backend.py``)."""
+    from jaxwm import backend
+
+    return _products_alone(shapes, _conv, backend.jit)
 
 
 def dot_flops(shapes: collections.Counter) -> float:
@@ -360,33 +369,14 @@ def dot_flops(shapes: collections.Counter) -> float:
 
 
 def matmuls_alone(shapes: collections.Counter) -> Callable[[], list]:
-    """A call that runs exactly the dots of ``shapes`` and nothing else, each ``count`` times in
-    a ``lax.scan``: its time is this machine's time for a program's matrix products, their best
-    case. Each product's operand and output are carried through an optimisation barrier, so
-    XLA cannot hoist the product out of the loop as loop-invariant, and every output is
-    written whole, as in the program. (Until 2026-11-28 each input depended on the last output
-    through an elementwise add over the left operand, a pass of its own that made a 512 x 512
-    x 512 product 14% slower on a host that runs it at 340 GFLOP/s: matmul times and shares
-    came out too high.)"""
-    plan = [(dims, count) for (_, _, dims, _), count in shapes.items()]
-    tensors = [(jnp.full(lhs, 0.01, dtype), jnp.full(rhs, 0.01, dtype))
-               for (lhs, rhs, _, dtype) in shapes]
-
-    @jax.jit
-    def run(tensors):
-        outputs = []
-        for (lhs, rhs), (dims, count) in zip(tensors, plan, strict=True):
-            def body(carry, _, rhs=rhs, dims=dims):
-                lhs, _ = carry
-                out = jax.lax.dot_general(lhs, rhs, dims)
-                return jax.lax.optimization_barrier((lhs, out)), None
-
-            first = jax.eval_shape(partial(jax.lax.dot_general, dimension_numbers=dims), lhs, rhs)
-            carry = (lhs, jnp.zeros(first.shape, first.dtype))
-            outputs.append(jax.lax.scan(body, carry, None, length=count)[0][1])
-        return outputs
-
-    return lambda: run(tensors)
+    """A call that runs exactly the dots of ``shapes`` and nothing else (``_products_alone``):
+    its time is this machine's time for a program's matrix products, their best case. (Until
+    2026-11-28 each input depended on the last output through an elementwise add over the
+    left operand, a pass of its own that made a 512 x 512 x 512 product 14% slower on a host
+    that runs it at 340 GFLOP/s: matmul times and shares came out too high.)"""
+    def dot(lhs, rhs, params):
+        return jax.lax.dot_general(lhs, rhs, params)
+    return _products_alone(shapes, dot, jax.jit)
 
 
 _PRODUCTS = {"matmul": (dot_shapes, dot_flops, matmuls_alone),
