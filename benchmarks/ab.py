@@ -10,8 +10,9 @@ which both trees have:
   ``common.ppo_end_to_end`` times a log window;
 * ``sac``: SAC's ``update_agent`` hook on ``configs/sac.py:pendulum`` sizes (256x256, batch
   256) with 256 updates per call, after ``collect`` filled the replay; updates/s;
-* ``dreamer``: DreamerV3's ``update_model`` hook at size1m, batch 16 x 64 on vector CartPole,
-  as ``benchmarks/dreamer.py``; updates/s.
+* ``dreamer`` / ``dreamer_pong``: DreamerV3's ``update_model`` hook at size1m, batch 16 x 64
+  on vector CartPole and on 64x64 RGB Pong (its convolutional encoder and decoder), as
+  ``benchmarks/dreamer.py``; updates/s.
 * ``mopo_rollout``: MOPO's model rollout as the tree's own ``benchmarks/offline.py`` times it
   (50k starts x horizon 5 on a HalfCheetah-sized 7 x 4x200 ensemble); transitions/s.
 
@@ -38,9 +39,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MEASUREMENTS = ("ppo_cartpole", "ppo_breakout", "sac", "dreamer", "mopo_rollout")
+MEASUREMENTS = ("ppo_cartpole", "ppo_breakout", "sac", "dreamer", "dreamer_pong", "mopo_rollout")
 CHECKPOINTS = ("save_ppo", "restore_ppo", "save_dreamer", "restore_dreamer")
-UNITS = {"sac": "updates/s", "dreamer": "updates/s", "mopo_rollout": "transitions/s",
+UNITS = {"sac": "updates/s", "dreamer": "updates/s", "dreamer_pong": "updates/s",
+         "mopo_rollout": "transitions/s",
          **{name: "s per save" if name.startswith("save") else "s per restore"
             for name in CHECKPOINTS}}
 
@@ -114,9 +116,10 @@ def measure(name: str, root: str, window: float) -> float:
         hook, counted = "update_agent", 256
     else:
         from jaxwm.algos import dreamer as algo_module
-        config = load("configs/dreamer.py:cartpole", **{
-            "dreamer.report_every": 0, "env.num_envs": 1, "dreamer.batch_size": 16,
-            "dreamer.batch_length": 64})
+        config = load("configs/dreamer.py:atari100k" if name == "dreamer_pong" else
+                      "configs/dreamer.py:cartpole", **{
+                          "dreamer.report_every": 0, "env.num_envs": 1, "dreamer.model_size": "1m",
+                          "dreamer.batch_size": 16, "dreamer.batch_length": 64})
         hook, counted = "update_model", 1
     from jaxwm.runner import validate
     validate(config)

@@ -11,6 +11,7 @@ from jaxwm import backend
 from jaxwm.nets.actor_critic import ActorCritic
 from jaxwm.nets.conv import (
     Conv2D,
+    ConvTranspose2D,
     conv,
     conv_transpose,
     depth_to_kernel,
@@ -147,6 +148,24 @@ def test_conv_transpose_is_the_transpose_of_a_strided_conv():
     np.testing.assert_allclose(jnp.vdot(lax_conv(x, w, 2), y),
                                jnp.vdot(x, conv_transpose(y, jnp.swapaxes(w, 2, 3), 2)),
                                rtol=1e-4)
+
+
+@pytest.mark.parametrize("kernel,size,dtype", [(5, 1, None), (6, 3, None), (5, 2, jnp.bfloat16)])
+def test_conv_transpose_with_flax_kernels_is_flaxs_conv_transpose(kernel, size, dtype):
+    """DreamerV3's decoder moved from nn.ConvTranspose to ConvTranspose2D(flax_kernel=True):
+    the same parameters must give the same outputs, so its checkpoints keep their meaning."""
+    x = jax.random.normal(jax.random.PRNGKey(7), (2, size, size, 6))
+    ours = ConvTranspose2D(4, kernel, 2, dtype=dtype, flax_kernel=True)
+    flaxs = nn.ConvTranspose(4, (kernel, kernel), (2, 2), "VALID", dtype=dtype)
+    params = flaxs.init(jax.random.PRNGKey(8), x)
+    params = jax.tree.map(lambda v: v + 0.1, params)  # a bias that is not zero
+    assert jax.tree.map(jnp.shape, ours.init(jax.random.PRNGKey(8), x)) == \
+        jax.tree.map(jnp.shape, params)
+    got, want = ours.apply(params, x), flaxs.apply(params, x)
+    assert got.dtype == want.dtype
+    tol = 2e-2 if dtype else 1e-5
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=tol, atol=tol)
 
 
 def test_conv2d_padding_is_pytorchs():

@@ -30,6 +30,10 @@ stride-2 encoder and 5-5-6-6 transposed-convolution decoder (64x64 only), not Dr
 state at a sequence's start is zeros (as the 2023 release), not one replayed from earlier.
 Neither convolution stack runs inside a scan: frames are encoded and decoded all at once, so
 XLA:CPU's slow convolution-in-loop path (docs/architecture.md, "CPU convolutions") does not arise.
+The decoder's transposed convolutions are ``nets.conv.ConvTranspose2D`` with
+``nn.ConvTranspose``'s parameter layout (``flax_kernel``): flax's own form convolves the
+stride-dilated input, and XLA:CPU ran it and its gradients several times slower
+(``benchmarks/README.md``, DreamerV3).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxwm.nets.backbones.recurrent import BlockGRU
-from jaxwm.nets.conv import Conv2D
+from jaxwm.nets.conv import Conv2D, ConvTranspose2D
 from jaxwm.ops import twohot
 
 # deter / hidden / classes / CNN depth / MLP units (paper, table of model sizes; official
@@ -146,12 +150,13 @@ class Decoder(nn.Module):
             batch = feat.shape[:-1]
             x = nn.Dense(32 * self.depth, dtype=self.dtype, name="project")(feat)
             x = x.reshape((-1, 1, 1, 32 * self.depth))
+            # Parameters as nn.ConvTranspose's (flax_kernel), computed by nets.conv.
             for i, (mult, kernel) in enumerate(((4, 5), (2, 5), (1, 6))):
-                x = nn.ConvTranspose(self.depth * mult, (kernel, kernel), (2, 2), "VALID",
-                                     dtype=self.dtype, name=f"deconv_{i}")(x)
+                x = ConvTranspose2D(self.depth * mult, kernel, 2, dtype=self.dtype,
+                                    flax_kernel=True, name=f"deconv_{i}")(x)
                 x = nn.silu(nn.RMSNorm(dtype=self.dtype, name=f"deconv_norm_{i}")(x))
-            x = nn.ConvTranspose(channels, (6, 6), (2, 2), "VALID", dtype=self.dtype,
-                                 name="deconv_out")(x)
+            x = ConvTranspose2D(channels, 6, 2, dtype=self.dtype, flax_kernel=True,
+                                name="deconv_out")(x)
             x = jnp.moveaxis(x, -1, -3).reshape(batch + tuple(self.obs_shape))
             return x.astype(jnp.float32)
         return MLP(self.units, self.layers, self.obs_shape[0], dtype=self.dtype, name="mlp")(feat)

@@ -211,7 +211,14 @@ class Conv2D(nn.Module):
 class ConvTranspose2D(nn.Module):
     """``conv_transpose`` as a layer (PyTorch's ``ConvTranspose2d`` semantics); ``kernel``
     is ``[K, K, in, out]``, each input pixel's contribution to the ``K x K`` outputs it
-    scatters to."""
+    scatters to.
+
+    ``flax_kernel``: the kernel is stored as ``flax.linen.ConvTranspose`` (``padding="VALID"``,
+    ``transpose_kernel=False``) stores it, spatially flipped against PyTorch's, so a module
+    that began on ``nn.ConvTranspose`` keeps its parameters' meaning (and its checkpoints)
+    while computing through ``conv_transpose``. flax's form is a convolution of the
+    stride-dilated input, which XLA:CPU runs slowly, its gradients most of all
+    (``benchmarks/README.md``, DreamerV3)."""
 
     features: int
     kernel: int
@@ -220,11 +227,17 @@ class ConvTranspose2D(nn.Module):
     output_padding: int = 0
     kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
     canonical_backward: bool | None = None
+    dtype: jnp.dtype | None = None  # compute dtype (e.g. bfloat16); parameters stay float32
+    flax_kernel: bool = False
 
     @nn.compact
     def __call__(self, x):
         w = self.param("kernel", self.kernel_init, (self.kernel, self.kernel, x.shape[-1], self.features))
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
+        if self.flax_kernel:
+            w = w[::-1, ::-1]
+        if self.dtype is not None:
+            x, w, bias = (v.astype(self.dtype) for v in (x, w, bias))
         return conv_transpose(x, w, self.stride, self.padding, self.output_padding,
                               _use_canonical(self.canonical_backward)) + bias
 
