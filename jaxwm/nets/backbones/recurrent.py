@@ -10,6 +10,7 @@ gain 1 and biases zero, as in CleanRL and BenchNetRL; the recurrent weights are 
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from jaxwm.nets.backbones.base import Backbone, zero_where
@@ -66,9 +67,15 @@ class BlockLinear(nn.Module):
                                                 out_axis=-1)
         kernel = self.param("kernel", init, (self.blocks, groups.shape[-1],
                                              self.features // self.blocks))
-        y = jnp.einsum("...gi,gio->...go", groups, kernel.astype(self.dtype))
+        # One product batched over the groups, the input as its first operand, so that its
+        # result is [G, ..., O] with the batch rows inside each group. ``jnp.einsum`` ordered
+        # the operands the other way round, and XLA:CPU then kept the result as [G, O, batch],
+        # which every elementwise op after it read across the grain: in DreamerV3's scans
+        # those reads cost more than the products (``benchmarks/README.md``, DreamerV3).
+        y = jax.lax.dot_general(jnp.moveaxis(groups, -2, 0), kernel.astype(self.dtype),
+                                (((groups.ndim - 1,), (1,)), ((0,), (0,))))
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
-        return y.reshape(y.shape[:-2] + (-1,)) + bias.astype(self.dtype)
+        return jnp.moveaxis(y, 0, -2).reshape(y.shape[1:-1] + (-1,)) + bias.astype(self.dtype)
 
 
 class BlockGRU(nn.Module):
