@@ -23,7 +23,7 @@ the tree writes them, their manifests written) and per restore of the newest (ve
 the tree verifies), for ``configs/ppo.py:cartpole`` and ``configs/dreamer.py:debug``; the median
 of 6 repeats after one untimed.
 
-    python benchmarks/ab.py --before ../jaxwm-before --after . --rounds 5   # ~45 min on 2 cores
+    python benchmarks/ab.py --before ../jaxwm-before --after . --rounds 5   # ~60 min on 2 cores
     python benchmarks/ab.py --quick      # smoke run: this tree against itself (~20 s)
 
 The medians of ``--rounds`` runs per tree and their ratio (after / before) go to
