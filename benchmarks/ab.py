@@ -178,6 +178,10 @@ def main() -> None:
         args.before = args.before or args.after
     if not args.before:
         p.error("--before is required: the tree to compare with")
+    unknown = sorted(set(args.only.split(",")) - set(MEASUREMENTS + CHECKPOINTS))
+    if unknown:  # else measure() would time DreamerV3 under the unknown name
+        p.error(f"--only: unknown measurement(s) {', '.join(unknown)}; choose from "
+                f"{', '.join(MEASUREMENTS + CHECKPOINTS)}")
     rows = []
     for name in args.only.split(","):
         runs = {"before": [], "after": []}

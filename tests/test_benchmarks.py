@@ -202,3 +202,11 @@ def test_conv_shapes_and_convs_alone_against_hand_counts(benchmark_modules):
     (out,) = common.convs_alone(shapes)()
     assert out.shape == (2, 3, 3, 4)
     np.testing.assert_allclose(out, 27e-4, rtol=1e-5)
+
+
+def test_ab_refuses_an_unknown_measurement_before_running_anything():
+    out = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "ab.py"), "--before", ROOT,
+                          "--only", "dreamer,dreamr"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2
+    assert "unknown measurement(s) dreamr" in out.stderr and "dreamer_pong" in out.stderr
