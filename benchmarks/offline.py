@@ -12,7 +12,7 @@ device-resident replay of 1M transitions, K updates per jitted scan.
 * Ensemble: ``jaxwm.models.ensemble.train_epoch`` (7 members, 4x200 Swish, batch 256, a
   bootstrap per member, held-out MSE and snapshots) on 100k transitions (OfflineRL-Kit's
   reference size) and on 1M (a D4RL dataset; full runs only).
-* Rollouts: MOPO's ``imagine`` step (``mopo.branch_rollout``, the acting layer's scan with
+* Rollouts: MOPO's ``imagine`` step (``mopo_agent.branch_rollout``, the acting layer's scan with
   the ensemble as the env): 50k dataset starts x horizon 5, the SAC actor's sampled action,
   all 7 members' Gaussians (the penalty needs every member's std), a random elite's sample,
   the termination rule and the uncertainty penalty; transitions/s.
@@ -31,8 +31,8 @@ import numpy as np
 from common import hardware, parser, timed, write_results
 
 from jaxwm import backend
+from jaxwm.agents import mopo as mopo_agent
 from jaxwm.agents import sac
-from jaxwm.algos import mopo
 from jaxwm.data.replay import TransitionReplay
 from jaxwm.models import ensemble, realnvp, termination
 from jaxwm.models.dynamics import Normalizer
@@ -80,7 +80,7 @@ def ensemble_row(n: int, hidden: int, repeats: int) -> dict:
 
 
 def rollout_row(starts: int, horizon: int, hidden: int, repeats: int) -> dict:
-    """MOPO's rollout (``mopo.branch_rollout``, as its ``imagine`` hook calls it) on a
+    """MOPO's rollout (``mopo_agent.branch_rollout``, as its ``imagine`` hook calls it) on a
     HalfCheetah-sized model."""
     spec = ensemble.EnsembleSpec(OBS_DIM, ACTION_DIM, hidden=(hidden,) * 4)
     data = synthetic(max(starts, 10_000))
@@ -98,7 +98,7 @@ def rollout_row(starts: int, horizon: int, hidden: int, repeats: int) -> dict:
     def rollout(key):
         k_start, k_rollout = jax.random.split(key)
         obs = data["obs"][jax.random.randint(k_start, (starts,), 0, data["obs"].shape[0])]
-        return mopo.branch_rollout(spec, model, policy, learner, obs, k_rollout, horizon,
+        return mopo_agent.branch_rollout(spec, model, policy, learner, obs, k_rollout, horizon,
                                    penalty, done_fn, 1.0)
 
     keys = iter(range(10_000))

@@ -16,7 +16,8 @@ Rows, per model size (``--sizes``):
   (``gflops``); for the optimiser step ``gflops_in_scan`` is the same FLOPs at
   ``update_model``'s time per step.
 * ``sim_rollout``: 16 agents x 50 steps in the learned simulator with PPO's policy acting
-  (``acting.rollout`` over ``simple.simulator_step``), one jitted call; ``update_agent`` adds
+  (``acting.rollout`` over the simulator, ``agents.simple.SimPLeAgent.simulate``), one
+  jitted call; ``update_agent`` adds
   PPO's update on it (the hook as training calls it).
 
 Compile time (the first call) is reported apart; steady state is the median of ``--repeats``
@@ -47,11 +48,11 @@ import optax
 from common import block, hardware, median, parser, peak_memory, program_row, run_peer, write_results
 
 from jaxwm import backend
-from jaxwm.agents import ppo
+from jaxwm.agents import simple as simple_agent
 from jaxwm.algos import simple
 from jaxwm.config import load
 from jaxwm.models import nextframe
-from jaxwm.nets.actor_critic import make_actor_critic
+from jaxwm.parallel import data_mesh
 
 # MBARC PyTorch, one thread, this machine class (benchmarks/REFERENCES.md).
 MBARC_TRAIN_STEP_S = 3.3
@@ -129,8 +130,8 @@ def conv_shares(config, state, scan_step_s: float, repeats: int) -> list[dict]:
     size = s.model_size
     net = nextframe.NextFramePredictor(nextframe.SIZES[size], s.reward_head,
                                        s.stochastic, detach_reward=s.strategy != "online")
-    apply = simple.make_apply(net, 3)
-    optimizer = simple.adafactor()
+    apply = nextframe.make_apply(net, 3)
+    optimizer = simple_agent.adafactor()
     height, width = config.env.img_height, config.env.img_width
     stack = jnp.zeros((s.batch_size, height, width, 12), jnp.uint8)
     target = jnp.zeros((s.batch_size, height, width, 3), jnp.uint8)
@@ -146,14 +147,15 @@ def conv_shares(config, state, scan_step_s: float, repeats: int) -> list[dict]:
         return optax.apply_updates(params, updates), opt_state
 
     n = s.sim.num_agents
-    sim_step = simple.simulator_step(apply, s.frame_mode)
-    sim_state = (jnp.zeros((n, 12, height, width), jnp.uint8), jax.random.key(1))
+    simulator = nextframe.FrameModel(apply, 3, (12, height, width), s.frame_mode)
+    sim_state = jnp.zeros((n, 12, height, width), jnp.uint8)
     rows = []
     for what, fn, args in (
             (f"train_conv_share (one optimiser step, batch {s.batch_size})", train_step,
              (params, optimizer.init(params), jax.random.key(0))),
-            (f"sim_conv_share (one simulator step, batch {n})", sim_step,
-             (params, sim_state, jnp.zeros((n,), jnp.int32)))):
+            (f"sim_conv_share (one simulator step, batch {n})", simulator.step,
+             (params, sim_state, jax.nn.one_hot(jnp.zeros((n,), jnp.int32), 3),
+              jax.random.key(1)))):
         row = program_row(fn, args, repeats, products="conv")
         rows.append({"size": size, "what": what, **row,
                      "gflops_alone": row["conv_gflop"] / row["conv_alone_s"]})
@@ -164,20 +166,15 @@ def conv_shares(config, state, scan_step_s: float, repeats: int) -> list[dict]:
 def sim_rollout(config, state, repeats: int) -> dict:
     """16 agents x 50 steps of PPO acting in the learned simulator, one jitted call."""
     s, p = config.simple, config.ppo
-    net = nextframe.NextFramePredictor(nextframe.SIZES[s.model_size], s.reward_head,
-                                       s.stochastic)
-    step = simple.simulator_step(simple.make_apply(net, 3), s.frame_mode)
-    network = make_actor_critic(_spec(config), config.network)
-    policy = ppo.policy(network, ppo.PPOHyper.from_config(p, recurrent=False))
+    agent = simple_agent.make(_spec(config), config, 1, data_mesh(1))
     n = s.sim.num_agents
     height, width = config.env.img_height, config.env.img_width
 
     @backend.jit
-    def rollout(params, agent, key):
-        k_stack, k_sim, k_roll = jax.random.split(key, 3)
+    def rollout(params, learner, key):
+        k_stack, k_sim = jax.random.split(key)
         stack = jax.random.randint(k_stack, (n, 12, height, width), 0, 256).astype(jnp.uint8)
-        _, _, steps, _ = simple.simulate(policy, step, params, agent, stack, k_sim, k_roll,
-                                         p.num_steps)
+        _, _, steps, _ = agent.simulate(learner, params, stack, k_sim)
         return steps.reward
 
     counter = {"i": 0}

@@ -37,56 +37,10 @@ The train phase's hooks are derived from ``train_ratio`` (``collect:M, update_mo
 
 import ml_collections
 
+from jaxwm.agents.dreamer import config_block
 from jaxwm.config import base_config
 
 VARIANTS = ("debug", "cartpole", "atari100k", "dmc_proprio", "dmc_vision", "crafter", "tiny")
-
-
-def dreamer_block(**overrides) -> ml_collections.ConfigDict:
-    d = ml_collections.ConfigDict()
-    d.model_size = "12m"
-    d.size_overrides = ml_collections.ConfigDict()  # e.g. {"deter": 64}: debug sizes
-    d.batch_size = 16
-    d.batch_length = 64
-    d.train_ratio = 32.0
-    d.steps_per_collect = 1  # per env
-    d.prefill = 64  # steps per env of random actions before the first update
-    d.capacity = 1_000_000  # transitions over all envs (capacity // num_envs steps of each)
-    d.learning_rate = 4e-5
-    d.agc = 0.3
-    d.warmup = 1000
-    d.horizon = 15
-    d.gamma = 1.0 - 1.0 / 333
-    d.lambda_ = 0.95
-    d.entropy = 3e-4
-    d.unimix = 0.01  # the world model's latents
-    # The actor's categorical: the official code mixes in none (its categorical policy head
-    # ignores unimix); the paper says 1%.
-    d.actor_unimix = 0.0
-    # Reward head and critic two-hot (jaxwm/ops/twohot.py): "symexp" bins in raw space as the
-    # official code, "symlog" as the paper.
-    d.twohot = "symexp"
-    # The critic's loss on replayed states (official repval, scale 0.3; 0: off).
-    d.repval = 0.3
-    d.min_std = 0.1
-    d.max_std = 1.0
-    d.slow_rate = 0.02
-    d.slow_reg = 1.0
-    d.return_rate = 0.01
-    d.return_limit = 1.0
-    d.num_bins = 255
-    # float32 | bfloat16: the networks' compute (official: bfloat16 on accelerators);
-    # parameters, the recurrent state, logits and losses stay float32.
-    d.compute_dtype = "float32"
-    # Open-loop predictions every report_every updates (0: never): report_context observed
-    # steps, then the model alone (official report_length 32; 5 context frames as the paper's
-    # video predictions), as a GIF for image observations and an MSE for all.
-    d.report_every = 500
-    d.report_batch = 6
-    d.report_length = 32
-    d.report_context = 5
-    d.update(overrides)
-    return d
 
 
 def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
@@ -94,6 +48,8 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
         raise ValueError(f"Unknown dreamer variant {variant!r}; choose one of {VARIANTS}.")
     c = base_config()
     c.algo = "dreamer"
+    # DreamerV3's components; configs/pairing.py pairs others (jaxwm/agents/components.py).
+    c.components = ml_collections.ConfigDict({"world_model": "rssm", "agent": "imagination"})
     c.env.num_envs = 1
     c.eval.num_envs = 4
     c.eval.num_episodes = 8
@@ -105,7 +61,7 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
         c.env.id = "CartPole-v1"
         c.env.num_envs = 2
         c.total_env_steps = 40
-        c.dreamer = dreamer_block(
+        c.dreamer = config_block(
             model_size="1m", batch_size=4, batch_length=4, train_ratio=8.0, prefill=8,
             capacity=400, num_bins=5, warmup=10, report_every=2, report_batch=2,
             report_length=4, report_context=2,
@@ -118,7 +74,7 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
         c.env.id = "CartPole-v1"
         c.env.num_envs = 4
         c.total_env_steps = 800
-        c.dreamer = dreamer_block(
+        c.dreamer = config_block(
             model_size="1m", batch_size=8, batch_length=10, train_ratio=8.0, prefill=20,
             capacity=40_000, num_bins=5, warmup=10, report_every=20, report_batch=2,
             report_length=10,
@@ -138,7 +94,7 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
         c.env.id = "CartPole-v1"
         c.env.num_envs = 4
         c.total_env_steps = 50_000
-        c.dreamer = dreamer_block(model_size="1m", train_ratio=32.0, batch_length=32,
+        c.dreamer = config_block(model_size="1m", train_ratio=32.0, batch_length=32,
                                   learning_rate=3e-4, warmup=100, capacity=80_000,
                                   steps_per_collect=4, gamma=0.99)
     elif variant == "atari100k":
@@ -148,13 +104,13 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
                      episodic_life=False, use_fire_reset=False, reward_clip=False,
                      full_action_space=False)
         c.total_env_steps = 110_000
-        c.dreamer = dreamer_block(train_ratio=256.0, capacity=110_000)
+        c.dreamer = config_block(train_ratio=256.0, capacity=110_000)
         c.eval.every = "25000 env_steps"
     elif variant == "dmc_proprio":
         c.env.id = "WalkerWalk-v1"
         c.env.num_envs = 16
         c.total_env_steps = 1_100_000
-        c.dreamer = dreamer_block(model_size="1m", train_ratio=1024.0, capacity=1_120_000)
+        c.dreamer = config_block(model_size="1m", train_ratio=1024.0, capacity=1_120_000)
         c.log.every = "10000 env_steps, 1000 model_updates"
         c.checkpoint.every = "100000 env_steps"
         c.eval.every = "100000 env_steps"
@@ -166,11 +122,11 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
         c.env.pixels = True
         c.env.update(img_height=64, img_width=64, camera=-1, frame_skip=1)
         c.total_env_steps = 1_100_000
-        c.dreamer = dreamer_block(train_ratio=256.0, capacity=1_120_000)
+        c.dreamer = config_block(train_ratio=256.0, capacity=1_120_000)
     else:  # crafter
         c.env.id = "crafter"
         c.total_env_steps = 1_100_000
-        c.dreamer = dreamer_block(train_ratio=512.0, capacity=1_100_000)
+        c.dreamer = config_block(train_ratio=512.0, capacity=1_100_000)
 
     c.phase_order = ("prefill", "train")
     d = c.dreamer

@@ -108,11 +108,14 @@ def get_config(variant: str = "pendulum_tiny") -> ml_collections.ConfigDict:
     # True: the reference's (predicted s', a) instead of (s, a), the density then fit on the
     # dataset's (s', a) rows as the reference's is.
     g.score_next_state = False
-    g.cache_dir = "~/.cache/jaxwm/density"
-    g.density_seed = 0  # one density per dataset, shared by every seed and run
+    g.density_seed = 0  # one density per dataset: the same for every seed and run
     c.gormpo = g
 
-    c.phase_order = ("model", "policy")
+    # GORMPO fits its density first; MOPO, which has none, leaves the phase out
+    # (algos/mopo.py, phase_hooks).
+    c.phase_order = ("density", "model", "policy")
+    c.phases.density = dict(unit="density_epochs", duration=g.get_ref("max_epochs"), hooks=(),
+                            until="density_converged")
     # Budgets live in the phases, which a resume may change (train longer: raise
     # --config.phases.policy.duration and pass --config.resume=True).
     c.phases.model = dict(unit="model_epochs", duration=100 if tiny else 2_000,

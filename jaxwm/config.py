@@ -67,6 +67,12 @@ def pool_is_async(c: ml_collections.ConfigDict) -> bool:
     return 0 < c.env.batch_size < c.env.num_envs
 
 
+def is_learning_rate(dotted: str) -> bool:
+    """Whether a dotted setting names a learning rate (``sac.actor_lr``, ``ppo.learning_rate``)."""
+    leaf = dotted.rsplit(".", 1)[-1]
+    return leaf in ("lr", "learning_rate") or leaf.endswith("_lr")
+
+
 class ConfigError(ValueError):
     """A config value the user set is invalid; the message says which and what to do."""
 
@@ -82,16 +88,13 @@ def require(checks) -> None:
         _require(ok, message)
 
 
-# Integer settings where 0 (or any value) means something other than a size; every other
-# integer a config holds, alone or in a tuple, is a size and must be > 0 (``check_sizes``).
+# The shared settings (``base_config``) where 0 means something other than a size; an
+# algorithm's own are on its registry entry (``algos.Entry.zero_means``). Every other integer
+# a config holds, alone or in a tuple, is a size and must be > 0 (``check_sizes``).
 ZERO_MEANS = {
-    "seed": "a seed", "gormpo.density_seed": "a seed",
-    "num_devices": "every device", "env.batch_size": "every env, synchronously",
+    "seed": "a seed", "num_devices": "every device", "env.batch_size": "every env, synchronously",
     "env.num_threads": "envpool's default", "env.max_episode_steps": "the registered limit",
     "env.noop_max": "no no-op starts", "env.masked_indices": "an index",
-    "ppo.anneal_env_steps": "no annealing", "dreamer.report_every": "never",
-    "dreamer.warmup": "no warm-up",
-    "tdmpc2.envs_per_batch": "1 on a CPU, every env on a GPU",
 }
 NOT_SIZES = ("env.camera",)  # indices that may be negative
 # Phases are checked by the loop's parser (loop.phases.phases_from_config): only those in
@@ -107,32 +110,31 @@ def _leaves(node, prefix=""):
             yield f"{prefix}{name}", value
 
 
-def check_sizes(c: ml_collections.ConfigDict) -> None:
-    """Every integer setting (alone or in a tuple) is > 0, except those of ``ZERO_MEANS``
-    (>= 0) and ``NOT_SIZES``: one place, so no algorithm meets a batch of 0 at run time."""
+def check_sizes(c: ml_collections.ConfigDict, zero_means: dict | None = None) -> None:
+    """Every integer setting (alone or in a tuple) is > 0, except those of ``ZERO_MEANS`` and
+    the algorithm's ``zero_means`` (>= 0) and ``NOT_SIZES``: one place, so no algorithm meets
+    a batch of 0 at run time."""
+    zero_means = {**ZERO_MEANS, **(zero_means or {})}
     for name, value in _leaves(c):
         values = value if isinstance(value, (tuple, list)) else (value,)
         ints = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
         if name in NOT_SIZES or name.startswith(CHECKED_ELSEWHERE) or not ints:
             continue
-        if name in ZERO_MEANS:
+        if name in zero_means:
             _require(min(ints) >= 0, f"{name}={value!r} must be >= 0 (0: "
-                     f"{ZERO_MEANS[name]}).")
+                     f"{zero_means[name]}).")
         else:
             _require(min(ints) > 0, f"{name}={value!r} is a size and must be > 0.")
 
 
-def validate_common(c: ml_collections.ConfigDict) -> None:
-    """Checks of the settings every config shares (``base_config``), and of every size."""
-    check_sizes(c)
+def validate_common(c: ml_collections.ConfigDict, zero_means: dict | None = None) -> None:
+    """Checks of the settings every config shares (``base_config``), and of every size (those
+    of ``zero_means`` may be 0 too)."""
+    check_sizes(c, zero_means)
     _require(c.env.batch_size <= c.env.num_envs,
              f"env.batch_size={c.env.batch_size} must be in [0, env.num_envs={c.env.num_envs}]:"
              " an asynchronous pool returns batch_size of its num_envs envs per step (0: all "
              "of them, synchronously).")
-    from jaxwm.loop.wandb_sink import check_config
-
-    wandb_problem = check_config(c)
-    _require(wandb_problem is None, wandb_problem or "")
     _require(c.eval.temperature >= 0, f"eval.temperature must be >= 0 (0: greedy), got "
              f"{c.eval.temperature}.")
     _require(c.eval.action_noise >= 0 and c.eval.obs_noise >= 0,

@@ -101,6 +101,15 @@ def constrain_batch(tree, mesh: Mesh):
     return jax.lax.with_sharding_constraint(tree, batch_sharding(mesh))
 
 
+def batch_on_axis(mesh: Mesh, axis: int):
+    """Inside jit: a function putting a tree's ``axis`` (a batch behind other axes, such as an
+    ensemble's members) over the ``data`` axis of ``mesh``; identity on one device."""
+    if mesh.size == 1:
+        return lambda tree: tree
+    sharding = NamedSharding(mesh, PartitionSpec(*([None] * axis), DATA_AXIS))
+    return lambda tree: jax.lax.with_sharding_constraint(tree, sharding)
+
+
 def allgather(tree):
     """Every process's value of ``tree`` (numpy, leading axis = process index)."""
     return multihost_utils.process_allgather(tree)

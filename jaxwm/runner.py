@@ -1,15 +1,14 @@
 """Validate, build and train from a config, in this process (no flags): what
-``python -m jaxwm.train`` runs after parsing its command line, and what tests, benchmarks and
+``python -m jaxwm.train`` runs after parsing its command line (and making missing inputs,
+``jaxwm.tools.make_dataset.make_missing_inputs``), and what tests, benchmarks and
 ``jaxwm.tools.make_dataset`` call directly."""
 
 from __future__ import annotations
 
 import os
 
-from tqdm import tqdm
-
 from jaxwm import algos
-from jaxwm.config import validate_common
+from jaxwm.config import ConfigError, validate_common
 
 
 def default_workdir(config) -> str:
@@ -27,36 +26,22 @@ def validate(config):
     env's ``EnvSpec``."""
     from jaxwm.envs import probe_spec
     from jaxwm.loop.phases import Clock, phases_from_config
+    from jaxwm.loop.wandb_sink import check_config as check_wandb
 
-    validate_common(config)
+    entry = algos.get(config.algo)
+    validate_common(config, entry.zero_means)
+    wandb_problem = check_wandb(config)
+    if wandb_problem:
+        raise ConfigError(wandb_problem)
     for name in ("log.every", "checkpoint.every", "eval.every"):  # units: when the loop starts
         section, field = name.split(".")
         Clock.parse(config[section][field], name)
-    module = algos.get(config.algo)
-    module.validate(config)
-    derived = module.phase_hooks(config) if hasattr(module, "phase_hooks") else None
-    phases_from_config(config, derived)  # their syntax; their hooks: when the loop starts
+    entry.validate(config)
+    phases_from_config(config, entry.phase_hooks(config))  # syntax; hooks: when the loop starts
     spec = probe_spec(config.env)
-    algos.check_capabilities(config, module.CAPABILITIES, spec)
-    if hasattr(module, "validate_env"):
-        module.validate_env(config, spec)
+    algos.check_capabilities(config, entry.capabilities, spec)
+    entry.validate_env(config, spec)
     return spec
-
-
-def make_missing_inputs(config) -> None:
-    """Makes the files a config says how to make when they are missing, before anything is
-    built: a dataset (``config.dataset`` with ``config.dataset_make.level`` set) through
-    ``jaxwm.tools.make_dataset``, which trains its behaviour agent in a run of its own."""
-    make = config.get("dataset_make")
-    path = os.path.expanduser(str(config.get("dataset", "") or ""))
-    if make is None or not make.level or not path or os.path.exists(path):
-        return
-    from jaxwm.tools import make_dataset  # a tool above the algorithms
-
-    tqdm.write(f"{path} does not exist: making it ({config.env.id}, {make.level}, "
-               f"{make.size} transitions) with python -m jaxwm.tools.make_dataset.")
-    make_dataset.make(config.env.id, make.level, path, size=make.size,
-                      train_steps=make.train_steps, seed=config.seed)
 
 
 def dry_run(config, workdir: str) -> str:
@@ -64,15 +49,13 @@ def dry_run(config, workdir: str) -> str:
     the phase table (hooks per cycle, cycles, and what each phase adds to every counter),
     with the run directory and any input that would be made first. Builds nothing, compiles
     nothing and touches nothing on disk (one env is made in memory to read its spaces)."""
-    from jaxwm.config import ConfigError
     from jaxwm.loop.algorithm import EVALUATE
     from jaxwm.loop.phases import phases_from_config, plan
 
     spec = validate(config)
-    module = algos.get(config.algo)
-    derived = module.phase_hooks(config) if hasattr(module, "phase_hooks") else None
-    phases = phases_from_config(config, derived)
-    counts = module.hook_counts(config)
+    entry = algos.get(config.algo)
+    phases = phases_from_config(config, entry.phase_hooks(config))
+    counts = entry.hook_counts(config)
     for phase in phases:
         for name, _ in phase.hooks:
             if name != EVALUATE and name not in counts:
@@ -107,20 +90,19 @@ def dry_run(config, workdir: str) -> str:
 
 
 def run(config, workdir: str):
-    """Validates, makes missing inputs, builds and trains; returns the trainer's final
-    metrics."""
+    """Validates, builds and trains; returns the trainer's final metrics. Inputs a config
+    says how to make (a dataset) must exist: ``jaxwm.train.run`` makes them first."""
     from jaxwm.loop.evaluate import Evaluator
     from jaxwm.loop.trainer import Trainer
 
     validate(config)
-    make_missing_inputs(config)
-    module = algos.get(config.algo)
-    algorithm = module.build(config)
+    entry = algos.get(config.algo)
+    algorithm = entry.build(config)
     evaluator = None
     try:
         if algorithm.policy is not None:
             evaluator = Evaluator.for_algorithm(config, algorithm)
-        return Trainer(config, algorithm, workdir, evaluator).run()
+        return Trainer(config, algorithm, workdir, evaluator, resumable=entry.resumable).run()
     finally:
         algorithm.close()
         if evaluator is not None:

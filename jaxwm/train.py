@@ -12,14 +12,15 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from jaxwm import parallel
+from jaxwm import parallel, runner
 from jaxwm.config import ConfigError
 from jaxwm.envs import UnknownEnvError
 from jaxwm.loop.checkpoint import IncompatibleCheckpointError, WriteError
 
 # The flag-free entry points, re-exported: code that trains in-process (tests, benchmarks,
 # make_dataset) imports jaxwm.runner, never this module, whose flags exist once per process.
-from jaxwm.runner import default_workdir, dry_run, run, validate  # noqa: F401
+from jaxwm.runner import default_workdir, dry_run, validate  # noqa: F401
+from jaxwm.tools.make_dataset import make_missing_inputs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/ppo.py:cartpole")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default runs/<algo>_<env>_s<seed>)")
@@ -39,6 +40,14 @@ def explain_flag_error(error: Exception) -> str:
         hint = re.search(r'Did you mean "[^"]+" instead of "[^"]+"\?', text)
         return f"unknown config key {key.group(1)!r}." + (f" {hint.group(0)}" if hint else "")
     return " ".join(lines)
+
+
+def run(config, workdir: str) -> dict:
+    """Makes the inputs the config says how to make (a dataset), then validates, builds and
+    trains (``runner.run``); returns the trainer's final metrics."""
+    runner.validate(config)  # before making anything the config's own errors could refuse
+    make_missing_inputs(config)
+    return runner.run(config, workdir)
 
 
 def main(argv=None) -> int:

@@ -2,13 +2,13 @@
 
 ``tests/test_contract.py`` runs them for every entry of ``jaxwm.algos.REGISTRY`` on its tiny
 config (and shows that they fail on a deliberately broken algorithm). Each check takes a
-config and the algorithm's module (``CAPABILITIES``, ``validate``, ``build``), so a new
-algorithm is checked by registering it:
+config and the algorithm's registry entry (``jaxwm.algos.Entry``), so a new algorithm is
+checked by registering it:
 
-* ``check_exact_resume``: stopped by a signal mid-run (mid-cycle where nothing is passed
-  between hooks) and resumed through the trainer and its checkpoints, a run ends exactly
-  where one that never stopped ends, given that both restart their envs at the same call
-  (envpool cannot save them: README, "Resuming");
+* ``check_exact_resume``: stopped by a signal inside every phase (mid-cycle where nothing is
+  passed between hooks) and resumed each time through the trainer and its checkpoints, a
+  run ends exactly where one that never stopped ends, given that both restart their envs at
+  the same calls (envpool cannot save them: README, "Resuming");
 * ``check_donation``: every hook updates the state in place: any array of 4 KiB or more it
   changes was donated to it, not copied;
 * ``check_devices_agree``: 1 and 4 (fake CPU) devices give the same state after a few calls;
@@ -21,7 +21,6 @@ algorithm is checked by registering it:
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 import signal
@@ -34,13 +33,15 @@ import jax
 import numpy as np
 
 import jaxwm.config
-from jaxwm import runner
+from jaxwm import algos, runner
 from jaxwm.config import ConfigError
+from jaxwm.envs.acting import ActorState
 from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import EVALUATE, drop_actors, restore_actors
 from jaxwm.loop.artifacts import Artifacts
 from jaxwm.loop.phases import Scheduler, phases_from_config
 from jaxwm.loop.trainer import Trainer, hook_inputs, route_outputs
+from jaxwm.tools import make_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DONATION_MIN_BYTES = 4096
@@ -93,53 +94,59 @@ class Drive:
         self.flow = {k: v for k, v in self.flow.items() if k in live}
         return name
 
-    def copy_artifacts(self, workdir: str) -> None:
-        """The rows a run in ``workdir`` wrote to its artifacts (not imported ones), as this
-        drive's."""
-        stopped = Artifacts(workdir, self.algorithm.artifacts)
-        try:
-            for name, file in self.artifacts.files.items():
-                if self.algorithm.artifacts[name].source is None:
-                    file.truncate(0)
-                    file.append(stopped.files[name].whole())
-        finally:
-            stopped.close()
-
-    def skip(self, calls: int) -> Drive:
-        """Advances the key and the scheduler as ``calls`` calls would, calling nothing."""
-        while self.scheduler.calls < calls:
-            _, name = self.scheduler.next_call()
-            self.key, _ = seeds.split(self.key)
-            self.scheduler.record(name)
-        return self
-
     def run(self, calls: int | None = None) -> Drive:
         while not self.scheduler.finished and (calls is None or self.scheduler.calls < calls):
             self.call()
         return self
 
-    def calls_to_a_stop(self, at_least: int) -> int:
-        """The first call count >= ``at_least`` after which nothing is passed between hooks
-        (where the trainer stops on a signal), preferring one inside a cycle."""
+    def stops_in_every_phase(self) -> list[int]:
+        """A call count in every phase after which nothing is passed between hooks (where
+        the trainer stops on a signal) and the phase goes on, preferring one inside a cycle:
+        the stops of ``check_exact_resume``."""
         probe = Scheduler(self.scheduler.phases, self.algorithm)
         passed = {out for hook in self.algorithm.hooks.values() for out in hook.writes} \
             - set(self.algorithm.artifacts)
-        candidates = []
+        chosen = {}
         while not probe.finished:
             phase, name = probe.next_call()
             probe.record(name)
-            if probe.calls >= at_least and not probe.live_inputs() & passed:
-                candidates.append((probe.cycle is None, probe.calls))
-            if len(candidates) >= 4:
-                break
-        assert candidates, "the tiny config is too short to stop and resume in"
-        return min(candidates)[1]
+            if probe.finished or probe.live_inputs() & passed or \
+                    probe.current.name != phase.name:
+                continue
+            inside = probe.cycle is not None
+            if phase.name not in chosen or (inside and not chosen[phase.name][0]):
+                chosen[phase.name] = (inside, probe.calls)
+        assert chosen, "the tiny config is too short to stop and resume in"
+        return sorted(calls for _, calls in chosen.values())
+
+    def calls_left_use(self, hooks: set) -> bool:
+        """Whether a call still to come is one of ``hooks``."""
+        probe = Scheduler(self.scheduler.phases, self.algorithm)
+        probe.load_state_dict(self.scheduler.state_dict())
+        while not probe.finished:
+            _, name = probe.next_call()
+            if name in hooks:
+                return True
+            probe.record(name)
+        return False
+
+    def restarted(self, algorithm, config) -> Drive:
+        """This drive's position, key, state and artifacts in another instance of the
+        algorithm, with its fresh envs (what a resume has)."""
+        fresh = Drive.start(config, algorithm)
+        fresh.scheduler.load_state_dict(self.scheduler.state_dict())
+        fresh.key, fresh.state = self.key, restore_actors(fresh.state, drop_actors(self.state))
+        for name, file in fresh.artifacts.files.items():
+            if algorithm.artifacts[name].source is None and not algorithm.artifacts[name].view_of:
+                file.truncate(0)
+                file.append(self.artifacts.files[name].whole())
+        return fresh
 
 
-def build(module, config):
+def build(entry, config):
     runner.validate(config)
-    runner.make_missing_inputs(config)
-    return module.build(config)
+    make_dataset.make_missing_inputs(config)
+    return entry.build(config)
 
 
 def interrupting(algorithm, at_call: int):
@@ -159,6 +166,30 @@ def interrupting(algorithm, at_call: int):
     return dataclasses.replace(algorithm, hooks=hooks)
 
 
+def watching(algorithm, touched: set):
+    """``algorithm`` with hooks that add their name to ``touched`` when a call changes an
+    ``ActorState`` (collects in an env)."""
+    def is_actor(x):
+        return isinstance(x, ActorState)
+
+    def actor_leaves(state):
+        actors = [x for x in jax.tree.leaves(state, is_leaf=is_actor) if is_actor(x)]
+        return {id(leaf) for leaf in jax.tree.leaves(actors)}
+
+    def wrap(name, fn):
+        def hooked(state, data, key):
+            before = actor_leaves(state)
+            out = fn(state, data, key)
+            if actor_leaves(out[0]) != before:
+                touched.add(name)
+            return out
+        return hooked
+
+    hooks = {name: dataclasses.replace(hook, fn=wrap(name, hook.fn))
+             for name, hook in algorithm.hooks.items()}
+    return dataclasses.replace(algorithm, hooks=hooks)
+
+
 def persistent(algorithm, state):
     return jax.device_get(algorithm.persistent(state))
 
@@ -168,11 +199,9 @@ def persistent_of(trainer: Trainer):
     return persistent(trainer.algorithm, trainer.state)
 
 
-def module_of_config(config):
-    """The module (``CAPABILITIES``, ``validate``, ``build``) of ``config.algo``."""
-    from jaxwm.algos import REGISTRY
-
-    return importlib.import_module(REGISTRY[config.algo].module)
+def entry_of_config(config):
+    """The registry entry (``jaxwm.algos.Entry``) of ``config.algo``."""
+    return algos.get(config.algo)
 
 
 def assert_trees_equal(a, b, what: str, rtol: float = 0.0, atol: float = 0.0) -> None:
@@ -190,44 +219,56 @@ def assert_trees_equal(a, b, what: str, rtol: float = 0.0, atol: float = 0.0) ->
 # ----------------------------------------------------------------------------- checks
 
 
-def check_exact_resume(module, config, workdir: str) -> None:
-    """Interrupted and resumed through the trainer == never stopped (module docstring)."""
-    first = module.build(config)
+def check_exact_resume(entry, config, workdir: str) -> None:
+    """Stopped by a signal inside every phase and resumed each time, through the trainer and
+    its checkpoints, a run ends exactly where one that never stopped ends. Envpool cannot save
+    its envs, so a resume restarts them (README, "Resuming"): where calls to come still act
+    in an env, the run that never stopped gets fresh envs at the same call (another instance
+    of the algorithm, as a resume does); where none does, it goes on in the same instance,
+    so that state an instance keeps outside the checkpoint (an env pool's position, say)
+    must survive the resume too."""
+    probe = entry.build(config)
     try:
-        stop = Drive.start(config, first).calls_to_a_stop(at_least=3)
-        trainer = Trainer(config, interrupting(first, stop), workdir)
-        assert trainer.run()["interrupted"], "the run was not interrupted"
-        stopped = trainer.state
+        stops = Drive.start(config, probe).stops_in_every_phase()
     finally:
-        first.close()
-    assert trainer.scheduler.calls == stop
+        probe.close()
 
-    # Never stopped: the same state goes on in memory, with fresh envs (another pool of the
-    # same seed, as a resumed run gets) put in by the contract's generic restore.
-    straight = module.build(config)
+    touched, done = set(), 0  # hooks that act in an env; calls made so far
+    for i, stop in enumerate([*stops, None]):
+        run_config = config.copy_and_resolve_references()
+        run_config.resume = i > 0
+        algorithm = entry.build(run_config)
+        try:
+            hooked = watching(algorithm, touched)
+            if stop is not None:
+                hooked = interrupting(hooked, stop - done)
+            trainer = Trainer(run_config, hooked, workdir)
+            assert trainer.run()["interrupted"] == (stop is not None), f"stop at {stop}"
+            got = persistent(algorithm, trainer.state)
+        finally:
+            algorithm.close()
+        if stop is not None:
+            assert trainer.scheduler.calls == stop
+            done = stop
+
+    drive = Drive.start(config, entry.build(config))
     try:
-        drive = Drive.start(config, straight).skip(stop)
-        drive.state = restore_actors(drive.state, drop_actors(stopped))
-        drive.copy_artifacts(workdir)  # kept across a resume: the rows written before the stop
-        expected = persistent(straight, drive.run().state)
+        for stop in stops:
+            drive.run(stop)
+            if drive.calls_left_use(touched):
+                fresh = drive.restarted(entry.build(config), config)
+                drive.algorithm.close()
+                drive = fresh
+        expected = persistent(drive.algorithm, drive.run().state)
     finally:
-        straight.close()
-
-    resumed_config = config.copy_and_resolve_references()
-    resumed_config.resume = True
-    again = module.build(resumed_config)
-    try:
-        trainer = Trainer(resumed_config, again, workdir)
-        trainer.run()
-        got = persistent(again, trainer.state)
-    finally:
-        again.close()
-    assert_trees_equal(got, expected, f"{config.algo}: resumed != never stopped")
+        drive.algorithm.close()
+    assert_trees_equal(got, expected, f"{config.algo}: resumed at calls {stops} != never "
+                                      "stopped")
 
 
-def check_donation(module, config) -> None:
+def check_donation(entry, config) -> None:
     """Every hook donates what it changes (arrays of ``DONATION_MIN_BYTES`` or more)."""
-    algorithm = module.build(config)
+    algorithm = entry.build(config)
     try:
         drive = Drive.start(config, algorithm)
         seen = set()
@@ -247,11 +288,11 @@ def check_donation(module, config) -> None:
         algorithm.close()
 
 
-def check_seeds_are_runs(module, config, calls: int, rtol: float, atol: float) -> None:
+def check_seeds_are_runs(entry, config, calls: int, rtol: float, atol: float) -> None:
     """``num_seeds=2`` for ``calls`` hook calls == two one-seed runs."""
     both_config = config.copy_and_resolve_references()
     both_config.num_seeds = 2
-    algorithm = build(module, both_config)
+    algorithm = build(entry, both_config)
     try:
         both = persistent(algorithm, Drive.start(both_config, algorithm).run(calls).state)
     finally:
@@ -259,7 +300,7 @@ def check_seeds_are_runs(module, config, calls: int, rtol: float, atol: float) -
     for k, seed in enumerate(seeds.run_seeds(both_config)):
         one_config = config.copy_and_resolve_references()
         one_config.seed = seed
-        algorithm = build(module, one_config)
+        algorithm = build(entry, one_config)
         try:
             alone = persistent(algorithm, Drive.start(one_config, algorithm).run(calls).state)
         finally:
@@ -271,15 +312,16 @@ def check_seeds_are_runs(module, config, calls: int, rtol: float, atol: float) -
 DEVICES_SCRIPT = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
-    import importlib, jax, numpy as np
+    import jax, numpy as np
     import contract
+    from jaxwm import algos
     from jaxwm.envs.acting import ActorState
     assert jax.device_count() == 4, jax.devices()
-    module = importlib.import_module({module!r})
+    entry = algos.get({name!r})
     out = {{}}
     for n in (1, 4):
         config = contract.load({spec!r}, num_devices=n, **{overrides!r})
-        algorithm = contract.build(module, config)
+        algorithm = contract.build(entry, config)
         state = contract.Drive.start(config, algorithm).run({calls}).state
         leaves = jax.tree.leaves(algorithm.persistent(state))
         actors = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, ActorState))
@@ -293,11 +335,11 @@ DEVICES_SCRIPT = textwrap.dedent("""
 """)
 
 
-def check_devices_agree(module_name: str, spec: str, overrides: dict, calls: int,
+def check_devices_agree(name: str, spec: str, overrides: dict, calls: int,
                         rtol: float, atol: float) -> None:
     """1 and 4 fake CPU devices (a fresh process: JAX fixes the count when it starts)."""
     script = DEVICES_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, "tests"),
-                                   module=module_name, spec=spec, overrides=overrides,
+                                   name=name, spec=spec, overrides=overrides,
                                    calls=calls)
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
                JAX_PLATFORMS="cpu")
@@ -313,11 +355,12 @@ def check_devices_agree(module_name: str, spec: str, overrides: dict, calls: int
                                    err_msg=f"{spec}: leaf {i} differs on 1 and 4 devices")
 
 
-def check_bad_config(module, config) -> None:
+def check_bad_config(entry, config) -> None:
     """Sizes of 0, and capabilities the algorithm lacks, are refused in one line."""
+    zero_means = {**jaxwm.config.ZERO_MEANS, **entry.zero_means}
     sizes = [name for name, value in jaxwm.config._leaves(config)
              if isinstance(value, int) and not isinstance(value, bool)
-             and name not in jaxwm.config.ZERO_MEANS and name not in jaxwm.config.NOT_SIZES]
+             and name not in zero_means and name not in jaxwm.config.NOT_SIZES]
     assert sizes
     for name in sizes:
         bad = config.copy_and_resolve_references()
@@ -327,7 +370,7 @@ def check_bad_config(module, config) -> None:
             node = node[part]
         node[leaf] = 0
         _expect_one_line(lambda bad=bad: runner.validate(bad), name)
-    for capability, why in module.CAPABILITIES.cannot.items():
+    for capability, why in entry.capabilities.cannot.items():
         bad = config.copy_and_resolve_references()
         if capability == "seeds":
             bad.num_seeds = 2

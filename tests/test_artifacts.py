@@ -3,7 +3,6 @@ later phases stream, kept consistent with the checkpoints through stops, crashes
 imported data refused on resume when its source changed."""
 
 import os
-import types
 
 import contract
 import h5py
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 from flax import struct
 
-from jaxwm.algos import Capabilities
+from jaxwm.algos import Entry
 from jaxwm.config import ConfigError, base_config
 from jaxwm.loop.algorithm import Algorithm, Hook
 from jaxwm.loop.artifacts import Artifact, ArtifactFile, Artifacts, read_key
@@ -112,8 +111,8 @@ def toy_module(fail_at_call=None):
                    "learn": Hook(learn, counts={"agent_updates": 1}, reads=("rollouts",))},
             artifacts={"rollouts": Artifact(EXAMPLE, batch=4)})
 
-    return types.SimpleNamespace(CAPABILITIES=Capabilities(), build=build,
-                                 validate=lambda config: None)
+    return Entry(name="artifact-toy", build=build, validate=lambda config: None,
+                 hook_counts=lambda config: {}, tiny="")
 
 
 def toy_config():
@@ -170,3 +169,49 @@ def test_a_resume_refuses_imported_data_whose_source_changed(tmp_path):
     with pytest.raises(ConfigError, match="has changed at its source"):
         changed.start(saved)
     changed.close()
+
+
+def cut_short(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def test_a_damaged_imported_artifact_is_imported_again_and_checked(tmp_path, capsys):
+    """An imported artifact's file cut short (a kill or a full disk): moved aside, never
+    deleted, and imported again from its source, which must still be the data the
+    checkpoint recorded."""
+    source = {"rows": rows(0, 6)}
+    declared = {"data": Artifact(EXAMPLE, source=lambda: source["rows"])}
+    first = Artifacts(str(tmp_path), declared)
+    first.start(None)
+    saved, digests = first.state_dict(), first.digests()
+    first.close()
+    path = os.path.join(str(tmp_path), "artifacts", "data.h5")
+    cut_short(path)
+    again = Artifacts(str(tmp_path), declared)
+    again.start(saved, digests)
+    assert "cannot be read" in capsys.readouterr().out
+    assert os.path.exists(path + ".unreadable") and again.files["data"].rows == 6
+    again.close()
+    cut_short(path)
+    source["rows"] = rows(1, 6)  # and the source changed meanwhile: refused
+    changed = Artifacts(str(tmp_path), declared)
+    with pytest.raises(ConfigError, match="has changed at its source"):
+        changed.start(saved, digests)
+    changed.close()
+
+
+def test_a_damaged_written_artifact_is_a_one_line_error(tmp_path):
+    """World Models' frames, say: rows the run's phases wrote, which nothing can rebuild."""
+    workdir = str(tmp_path / "run")
+    Trainer(toy_config(), toy_module().build(None), workdir).run()
+    path = os.path.join(workdir, "artifacts", "rollouts.h5")
+    cut_short(path)
+    before = sorted(os.listdir(os.path.dirname(path)))
+    config = toy_config()
+    config.resume = True
+    with pytest.raises(ConfigError) as error:
+        Trainer(config, toy_module().build(None), workdir)
+    assert "cannot be read" in str(error.value) and "another --workdir" in str(error.value)
+    assert "\n" not in str(error.value)
+    assert sorted(os.listdir(os.path.dirname(path))) == before  # nothing moved

@@ -18,8 +18,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
-SCRIPTS = ("ab", "backbones", "conv_grad", "diffusion", "dreamer", "offline", "ppo_throughput",
-           "seeds", "simple", "tdmpc2", "worldmodels")
+SCRIPTS = ("ab", "backbones", "conv_grad", "diffusion", "dreamer", "model_table", "offline",
+           "ppo_throughput", "seeds", "simple", "tdmpc2", "worldmodels")
 
 
 @pytest.fixture(scope="module")

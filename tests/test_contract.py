@@ -3,9 +3,6 @@
 one-line errors for bad configs. A new algorithm gets these checks by registering in
 ``jaxwm.algos.REGISTRY``; the last test shows that the suite fails on a broken one."""
 
-import dataclasses
-import importlib
-import types
 
 import contract
 import jax
@@ -14,13 +11,17 @@ import optax
 import pytest
 from flax import struct
 
-from jaxwm.algos import REGISTRY, Capabilities
+from jaxwm import algos
+from jaxwm.algos import Capabilities, Entry
 from jaxwm.config import base_config
 from jaxwm.loop.algorithm import Algorithm, Hook
 from jaxwm.tools import make_dataset
 
-NAMES = sorted(REGISTRY)
-OFFLINE = ("mopo", "gormpo", "diffusion")
+NAMES = algos.names()
+# Every tiny config of every entry (the pairings have one per pairing), as (name, config).
+CASES = [pytest.param(name, spec, id=name if spec == algos.get(name).tiny else
+                      f"{name}-{spec.split(':')[-1]}")
+         for name in NAMES for spec in algos.get(name).tiny_configs]
 
 
 @pytest.fixture(scope="session")
@@ -30,44 +31,43 @@ def tiny_dataset(tmp_path_factory):
     return make_dataset.make("Pendulum-v1", "random", path, size=2_000, num_envs=2)
 
 
-def tiny(name, dataset):
-    return contract.load(REGISTRY[name].tiny, **({"dataset": dataset} if name in OFFLINE else {}))
+def dataset_overrides(name, dataset) -> dict:
+    return {"dataset": dataset} if algos.get(name).offline else {}
 
 
-def module_of(name):
-    return importlib.import_module(REGISTRY[name].module)
+def tiny(name, spec, dataset):
+    return contract.load(spec, **dataset_overrides(name, dataset))
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_an_interrupted_run_resumes_exactly(name, tiny_dataset, tmp_path):
-    contract.check_exact_resume(module_of(name), tiny(name, tiny_dataset), str(tmp_path))
+@pytest.mark.parametrize("name, spec", CASES)
+def test_an_interrupted_run_resumes_exactly(name, spec, tiny_dataset, tmp_path):
+    contract.check_exact_resume(algos.get(name), tiny(name, spec, tiny_dataset), str(tmp_path))
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_hooks_update_the_state_in_place(name, tiny_dataset):
-    contract.check_donation(module_of(name), tiny(name, tiny_dataset))
+@pytest.mark.parametrize("name, spec", CASES)
+def test_hooks_update_the_state_in_place(name, spec, tiny_dataset):
+    contract.check_donation(algos.get(name), tiny(name, spec, tiny_dataset))
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_one_and_four_devices_agree(name, tiny_dataset):
-    overrides = {"dataset": tiny_dataset} if name in OFFLINE else {}
-    contract.check_devices_agree(REGISTRY[name].module, REGISTRY[name].tiny, overrides,
-                                 calls=6, rtol=1e-4, atol=1e-5)
+@pytest.mark.parametrize("name, spec", CASES)
+def test_one_and_four_devices_agree(name, spec, tiny_dataset):
+    contract.check_devices_agree(name, spec, dataset_overrides(name, tiny_dataset), calls=6,
+                                 rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_two_seeds_train_as_two_runs(name, tiny_dataset):
-    cannot = module_of(name).CAPABILITIES.cannot
+@pytest.mark.parametrize("name, spec", CASES)
+def test_two_seeds_train_as_two_runs(name, spec, tiny_dataset):
+    cannot = algos.get(name).capabilities.cannot
     if "seeds" in cannot:
         pytest.skip(f"{name} declares it runs one seed per process ({cannot['seeds']}); "
                     "test_bad_settings_are_one_line_errors checks that num_seeds=2 is refused")
-    contract.check_seeds_are_runs(module_of(name), tiny(name, tiny_dataset), calls=6,
+    contract.check_seeds_are_runs(algos.get(name), tiny(name, spec, tiny_dataset), calls=6,
                                   rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_bad_settings_are_one_line_errors(name, tiny_dataset):
-    contract.check_bad_config(module_of(name), tiny(name, tiny_dataset))
+@pytest.mark.parametrize("name, spec", CASES)
+def test_bad_settings_are_one_line_errors(name, spec, tiny_dataset):
+    contract.check_bad_config(algos.get(name), tiny(name, spec, tiny_dataset))
 
 
 # ------------------------------------------------------------- the suite catches a broken one
@@ -79,7 +79,7 @@ class ToyState:
     opt_state: object
 
 
-def toy_module(drop_optimiser_on_restore: bool):
+def toy_entry(drop_optimiser_on_restore: bool) -> Entry:
     """An offline learner (Adam on a noisy quadratic) whose ``on_restore`` may forget the
     optimiser's state: a resume that looks fine until the next update."""
     optimizer = optax.adam(0.1)
@@ -104,8 +104,8 @@ def toy_module(drop_optimiser_on_restore: bool):
                                                      counts={"agent_updates": 1})},
                          on_restore=restore)
 
-    return types.SimpleNamespace(CAPABILITIES=Capabilities(), build=build,
-                                 validate=lambda config: None)
+    return Entry(name="toy", build=build, validate=lambda config: None,
+                 hook_counts=lambda config: {"update_agent": {"agent_updates": 1}}, tiny="")
 
 
 def toy_config():
@@ -121,14 +121,22 @@ def toy_config():
 
 
 def test_the_resume_check_fails_on_an_algorithm_that_forgets_its_optimiser(tmp_path):
-    contract.check_exact_resume(toy_module(False), toy_config(), str(tmp_path / "good"))
-    with pytest.raises(AssertionError, match="resumed != never stopped"):
-        contract.check_exact_resume(toy_module(True), toy_config(), str(tmp_path / "bad"))
+    contract.check_exact_resume(toy_entry(False), toy_config(), str(tmp_path / "good"))
+    with pytest.raises(AssertionError, match="resumed at calls .* != never stopped"):
+        contract.check_exact_resume(toy_entry(True), toy_config(), str(tmp_path / "bad"))
 
 
-def test_every_algorithm_declares_what_it_can_run():
+def test_every_algorithm_has_one_registry_entry():
+    """Everything the rest of jaxwm asks of an algorithm is on its ``Entry``: what it can
+    run, its checks, its hook counts and tiny config; the settings it names exist."""
+    from jaxwm.loop.checkpoint import config_to_json_dict, flatten
+
     for name in NAMES:
-        module = module_of(name)
-        assert isinstance(module.CAPABILITIES, Capabilities), name
-        assert callable(module.validate) and callable(module.build), name
-        assert dataclasses.is_dataclass(module.CAPABILITIES)
+        entry = algos.get(name)
+        assert isinstance(entry, Entry) and entry.name == name, name
+        assert isinstance(entry.capabilities, Capabilities), name
+        assert callable(entry.validate) and callable(entry.build), name
+        keys = set().union(*(flatten(config_to_json_dict(contract.load(spec)))
+                               for spec in entry.tiny_configs))
+        named = set(entry.resumable) | set(entry.fixed) | set(entry.zero_means)
+        assert named <= keys, (name, named - keys)

@@ -91,6 +91,25 @@ def test_malformed_d4rl_files_are_refused_naming_the_problem(tmp_path, replace, 
         load_dataset(d4rl_file(tmp_path / "bad.hdf5", **replace))
 
 
+def test_a_non_finite_value_is_reported_at_the_files_own_row(tmp_path):
+    """Rows after a dropped timeout keep their numbers: a NaN in the file's row 8 is reported
+    as row 8, not as the 7th transition kept; a Minari one as its episode's step."""
+    n = 10
+    timeouts = np.zeros(n, bool)
+    timeouts[2] = True  # dropped, so transitions after it are one row behind the file's
+    rewards = np.zeros(n, np.float32)
+    rewards[8] = np.nan
+    path = d4rl_file(tmp_path / "nan.hdf5", n=n, rewards=rewards, timeouts=timeouts,
+                     terminals=np.zeros(n, bool))
+    with pytest.raises(DatasetError, match=r"1 non-finite values in reward \(at row 8\)"):
+        load_dataset(path)
+    directory = minari_dir(tmp_path / "minari")
+    with h5py.File(directory / "data" / "main_data.hdf5", "r+") as f:
+        f["episode_1/rewards"][1] = np.inf
+    with pytest.raises(DatasetError, match=r"\(at episode_1 step 1\)"):
+        load_dataset(str(directory))
+
+
 def test_missing_file_says_where_it_looked(tmp_path):
     with pytest.raises(DatasetError, match=f"No dataset at {tmp_path}/nothing.hdf5.*make_dataset"):
         load_dataset(str(tmp_path / "nothing.hdf5"))

@@ -322,3 +322,24 @@ def test_group_norm_matches_flax_and_the_definition():
     want = ((g - mean) / np.sqrt(var + 1e-5)).reshape(3, 7, 16)
     want = want * np.asarray(params["params"]["scale"]) + np.asarray(params["params"]["bias"])
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_a_resume_refuses_demonstrations_that_changed(tmp_path):
+    """The demonstrations are imported into the run when it starts (a phase artifact, as
+    MOPO's dataset): a resume on a dataset file that changed since is refused in one line."""
+    from jaxwm import train
+    from jaxwm.tools import make_dataset
+
+    path = make_dataset.make("Pendulum-v1", "random", str(tmp_path / "demos.hdf5"), size=400,
+                             num_envs=2)
+    overrides = {"dataset": path, "log.progress": False, "eval.at_end": False,
+                 "checkpoint.every": "4 agent_updates"}
+    train.run(load("configs/diffusion.py:tiny", overrides), str(tmp_path / "run"))
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        f["actions"][0] = f["actions"][0] + 0.5
+    resumed = load("configs/diffusion.py:tiny", {**overrides, "resume": True})
+    with pytest.raises(ConfigError, match="has changed at its source") as error:
+        train.run(resumed, str(tmp_path / "run"))
+    assert "\n" not in str(error.value)

@@ -1,6 +1,6 @@
 """Diffusion Policy learning checks (``slow``): on demonstrations from jaxwm's own expert
-(the runner makes them with ``jaxwm.tools.make_dataset``), the diffusion policy's evaluation
-return reaches 90% of the demonstrator's, measured from a uniformly random policy's return
+(``jaxwm.train.run`` makes them with ``jaxwm.tools.make_dataset``), the diffusion policy's
+evaluation return reaches 90% of the demonstrator's, measured from a uniformly random policy's return
 (both envs' returns are negative: (R - random) / (demonstrator - random) >= 0.9). The MLP
 behaviour-cloning baseline trains on the same data and is evaluated the same way beside it.
 The demonstrator's return is the dataset's own (SAC's sampled actions, as D4RL's), so a
@@ -26,7 +26,7 @@ import os
 
 import pytest
 
-from jaxwm import runner
+from jaxwm import train
 from jaxwm.config import load
 from jaxwm.data.datasets import load_dataset
 
@@ -48,7 +48,7 @@ def unet_and_mlp(variant: str, tmp_path) -> dict:
         config = load(f"configs/diffusion.py:{variant}", {
             "dataset": dataset, "diffusion.model": model, "log.progress": False,
             "checkpoint.every": "never"})
-        summary = runner.run(config, os.path.join(tmp_path, model))
+        summary = train.run(config, os.path.join(tmp_path, model))
         results[model] = fraction_of_demonstrator(summary, dataset) + (
             summary["eval/episodic_return"],)
     print(f"{variant}: fraction of the demonstrator (unet, mlp), demonstrator, random, "

@@ -137,9 +137,10 @@ def runs(tmp_path_factory):
 
 
 def run(config, workdir: str) -> Trainer:
-    algorithm = contract.build(contract.module_of_config(config), config)
+    entry = contract.entry_of_config(config)
+    algorithm = contract.build(entry, config)
     try:
-        trainer = Trainer(config, algorithm, workdir)
+        trainer = Trainer(config, algorithm, workdir, resumable=entry.resumable)
         trainer.run()
     finally:
         algorithm.close()
@@ -233,7 +234,7 @@ CHILD = textwrap.dedent("""
 
     checkpoint.Checkpointer.save = wrapped
     config = contract.load({spec!r}, **{overrides!r})
-    algorithm = contract.build(contract.module_of_config(config), config)
+    algorithm = contract.build(contract.entry_of_config(config), config)
     try:
         Trainer(config, algorithm, {workdir!r}).run()
     except checkpoint.WriteError as e:

@@ -29,9 +29,9 @@ import pytest
 
 from jaxwm.agents import imagination
 from jaxwm.algos import dreamer
-from jaxwm.config import ConfigError
+from jaxwm.config import ConfigError, load
 from jaxwm.envs.types import EnvSpec
-from jaxwm.models import rssm
+from jaxwm.models import protocol, rssm
 from jaxwm.ops.normalize import PercentileScale
 from jaxwm.ops.returns import lambda_return
 
@@ -127,8 +127,9 @@ def _reference(s, actor_params):
     the scale S, the (stopped) features of the states acted in [N, H, F] and the actions
     taken there [N, H, A]."""
     h = s.ac.hyper
-    states, actions = s.model.imagine(s.model_params, s.starts,
-                                      s.ac.model_action(s.model, actor_params), h.horizon, s.key)
+    states, actions, _, _ = protocol.imagine(s.model, s.model_params, s.starts,
+                                             s.ac.model_action(s.model, actor_params),
+                                             h.horizon, s.key)
     feat = rssm.features(states)
     reward_logits, cont_logit = s.model.heads(s.model_params, feat)
     reward = s.model.reward_head.predict(reward_logits)[:, 1:]
@@ -247,7 +248,7 @@ class _StraightThroughActions(imagination.ActorCritic):
         def act(feat, key):
             dist = self.policy(actor_params, feat)
             probs = jnp.exp(dist.logits)
-            return world_model.action_input(dist.sample(key)) + (probs - sg(probs))
+            return protocol.agent_action(world_model, dist.sample(key)) + (probs - sg(probs))
 
         return act
 
@@ -260,8 +261,8 @@ def test_discrete_imagined_trajectory_is_stop_gradient_for_the_actor(discrete):
     # Control: the straight-through rollout does depend differentiably on the actor.
     probe = jax.random.normal(jax.random.key(7), (N, 2, FEAT))  # one imagined step
     through = jax.jit(jax.grad(lambda a: jnp.sum(probe * rssm.features(
-        s.model.imagine(s.model_params, s.starts, st.model_action(s.model, a), 1,
-                        s.key)[0]))))(s.params["actor"])
+        protocol.imagine(s.model, s.model_params, s.starts, st.model_action(s.model, a), 1,
+                         s.key).states))))(s.params["actor"])
     assert _max_abs(through) > 1e-3
     losses, (grads, _, _), _ = _library(s, _StraightThroughActions)(3e-4)
     plain_losses, (plain, _, _), _ = _library(s)(3e-4)
@@ -404,12 +405,12 @@ def _spec(discrete, action_shape, num_actions=None, obs_shape=(4,)):
 ])
 def test_dreamer_refuses_an_action_space_it_cannot_model(spec, message):
     with pytest.raises(ConfigError, match=message):
-        dreamer.validate_env(None, spec)
+        dreamer.validate_env(load("configs/dreamer.py:tiny"), spec)
 
 
 def test_dreamer_accepts_discrete_actions_and_flat_boxes():
-    dreamer.validate_env(None, _spec(True, (), num_actions=4))
-    dreamer.validate_env(None, _spec(False, (6,)))
+    dreamer.validate_env(load("configs/dreamer.py:tiny"), _spec(True, (), num_actions=4))
+    dreamer.validate_env(load("configs/dreamer.py:tiny"), _spec(False, (6,)))
 
 
 def test_replay_returns_stop_at_episode_ends_hand_numbers():

@@ -711,13 +711,94 @@ def test_wandb_without_the_package_is_a_one_line_error(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_wandb)
-    from jaxwm.config import validate_common
+    from jaxwm.loop.wandb_sink import check_config
 
     config = toy_config()
-    validate_common(config)  # off: nothing is imported
+    assert check_config(config) is None  # off: nothing is imported
     config.log.wandb.project = "p"
-    with pytest.raises(ConfigError, match=r"pip install 'jaxwm\[wandb\]'"):
-        validate_common(config)
+    assert "pip install 'jaxwm[wandb]'" in check_config(config)
     config.log.wandb.mode = "sometimes"
-    with pytest.raises(ConfigError, match="log.wandb.mode must be one of"):
-        validate_common(config)
+    assert "log.wandb.mode must be one of" in check_config(config)
+
+
+# ----------------------------------------------------------------- the run's pieces, alone
+
+
+def test_clocks_fire_once_per_crossing_of_any_of_their_intervals():
+    from jaxwm.loop.trainer import Clocks
+
+    clocks = Clocks({"log": Clock.parse("10 env_steps, 3 agent_updates", "log.every"),
+                     "checkpoint": Clock.parse("never", "checkpoint.every")},
+                    {"env_steps": 0, "agent_updates": 0})
+    fired = [clocks.due("log", {"env_steps": e, "agent_updates": a})
+             for e, a in ((5, 0), (10, 0), (12, 0), (12, 3), (25, 6), (25, 6))]
+    assert fired == [False, True, False, True, True, False]
+    assert not clocks.due("checkpoint", {"env_steps": 100, "agent_updates": 9})
+    assert not clocks.due("eval", {"env_steps": 100, "agent_updates": 9})  # none configured
+
+
+def test_a_log_row_counts_rates_without_evaluation_time(tmp_path):
+    """``RunLog.write``: the window's means, each counter's rate over the window's wall time
+    less the evaluation time in it, the counters, and the window starts again."""
+    from jaxwm.loop.metrics import MetricWriter
+    from jaxwm.loop.trainer import RunLog
+
+    algorithm = toy_algorithm()
+    sched = Scheduler(phases_from_config(toy_config()), algorithm)
+
+    class Bar:
+        def set_postfix(self, *args, **kwargs):
+            pass
+
+        def close(self):
+            pass
+
+    run = RunLog(MetricWriter(str(tmp_path), x_axis="env_steps"), Bar(), sched, algorithm,
+                 "env_steps", lambda: 0.0, lambda last, latest: {})
+    run.window_start = (time.perf_counter() - 3.0, dict(sched.totals), 0)
+    for _ in range(2):
+        _, name = sched.next_call()
+        sched.record(name)
+    run.add({"losses/loss": jnp.float32(1.0)})
+    run.add({"losses/loss": jnp.float32(3.0)})
+    run.eval_seconds = 2.0
+    assert run.pending()
+    row = run.write()
+    assert row["losses/loss"] == pytest.approx(2.0)
+    assert 20 / 1.2 < row["charts/SPS"] < 20 / 0.9  # 20 steps over ~1 s, not ~3
+    assert row["counters/env_steps"] == 20.0 and not run.pending()
+    assert run.eval_seconds == 0.0 and run.last["losses/loss"] == pytest.approx(2.0)
+    run.close()
+
+
+def test_a_hook_call_is_timed_once_per_window_and_counted_always():
+    from jaxwm.loop.trainer import HookTimer, call_hook
+
+    algorithm = toy_algorithm()
+    timer = HookTimer()
+    state = algorithm.init(jax.random.key(0))
+    for i in range(3):
+        state, outputs, metrics = call_hook(algorithm, "collect", state, {},
+                                            jax.random.key(i), timer)
+    assert set(outputs) == {"batch"} and "charts/episodic_return" in metrics
+    timing = timer.flush(1.0)
+    # The first call ever is reported apart (compile included), the second is the sample.
+    assert set(timing) == {"time/first_call/collect", "time/collect", "time/collect_fraction"}
+    assert 0 < timing["time/collect_fraction"] <= 1.0
+
+
+def test_the_nan_check_reads_the_window_before_it_is_logged(tmp_path):
+    """``Trainer._check_finite`` raises on a non-finite ``losses/*`` still in the window,
+    naming the state not saved; other non-finite metrics are not losses."""
+    from jaxwm.loop.trainer import RunLog
+
+    trainer = Trainer(offline_config(), updates_only_algorithm(), str(tmp_path))
+    run = RunLog.__new__(RunLog)
+    run.window = MetricWindow()
+    run.window.add({"charts/other": jnp.float32(jnp.nan)})
+    trainer._check_finite(run)  # not a loss: no stop
+    run.window.add({"losses/l": jnp.float32(jnp.inf)})
+    with pytest.raises(FloatingPointError, match=r"Non-finite losses \['losses/l'\].*not saved"):
+        trainer._check_finite(run)
+    trainer.checkpointer.close()
+    trainer.artifacts.close()

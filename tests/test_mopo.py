@@ -1,17 +1,17 @@
 """MOPO / GORMPO end to end on a small Pendulum dataset: an epoch of every hook, GORMPO's
-cached density model, bad settings; learning (slow). Resume, donation, devices and seeds:
+density fit in a phase of its own, bad settings; learning (slow). Resume, donation, devices and seeds:
 tests/test_contract.py."""
 
 import os
-import warnings
 
+import jax
 import numpy as np
 import pytest
 
 import jaxwm.config
-from jaxwm import runner, train
+from jaxwm import train
+from jaxwm.agents import mopo as mopo_agent
 from jaxwm.algos import mopo
-from jaxwm.config import ConfigError
 from jaxwm.data import datasets
 from jaxwm.envs import acting
 from jaxwm.loop.metrics import read_jsonl
@@ -37,10 +37,9 @@ def pendulum_random(tmp_path_factory):
 
 
 def mopo_config(path, tmp_path, **overrides):
+    del tmp_path
     return jaxwm.config.load(os.path.join(ROOT, "configs/mopo.py:pendulum_tiny"),
-                             {"log.progress": False, "dataset": path,
-                              "gormpo.cache_dir": str(tmp_path / "density"),
-                              **SMALL, **overrides})
+                             {"log.progress": False, "dataset": path, **SMALL, **overrides})
 
 
 def test_branch_rollout_stops_rows_at_termination_and_penalises_rewards():
@@ -66,7 +65,7 @@ def test_branch_rollout_stops_rows_at_termination_and_penalises_rewards():
     ends = lambda o, a, nxt: nxt[:, 0] > 0.5  # noqa: E731  (about a third of rows a step)
     penalty = lambda std, o, a, nxt: jnp.abs(o[:, 1])  # noqa: E731
 
-    batch, valid, metrics = jax.jit(lambda key: mopo.branch_rollout(
+    batch, valid, metrics = jax.jit(lambda key: mopo_agent.branch_rollout(
         spec, model, sac.policy(nets), learner, obs, key, horizon, penalty, ends, coef))(
         jax.random.key(3))
     per_row = lambda x: np.asarray(x).reshape((horizon, n) + np.shape(x)[1:])  # noqa: E731
@@ -113,27 +112,44 @@ def test_mopo_runs_every_phase_and_reports_normalised_scores(pendulum_random, tm
 
 
 @pytest.mark.parametrize("shape", ["linear", "softplus"])
-def test_gormpo_fits_its_density_once_and_reuses_it(pendulum_random, tmp_path, shape, capsys):
+def test_gormpo_fits_its_density_in_a_phase_of_its_own(pendulum_random, tmp_path, shape):
+    """GORMPO's RealNVP trains epoch by epoch in phase ``density`` before the ensemble's; its
+    NLL is logged, it is part of the checkpointed state, and the penalties it gives are
+    finite and >= 0. MOPO leaves the phase out."""
     config = mopo_config(pendulum_random, tmp_path, algo="gormpo", penalty=shape,
                          **{"phases.policy.duration": 50, "eval.at_end": False})
     summary = train.run(config, str(tmp_path / "run"))
-    cached = os.listdir(tmp_path / "density")
-    assert len(cached) == 1 and cached[0].endswith(".msgpack")
-    assert "saved to" in capsys.readouterr().out
+    assert summary["density_epochs"] == 3 and summary["model_epochs"] == 3
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert any("losses/density_nll" in r and "density/val_nll" in r for r in rows)
     penalties = [r["rollout/penalty"] for r in rows if "rollout/penalty" in r]
     assert penalties and all(p >= 0 for p in penalties)
     assert np.isfinite(summary["losses/q_loss"])
-    algo = mopo.build(config)  # a later run on the same data loads the model
-    assert "loaded from" in capsys.readouterr().out
-    assert os.listdir(tmp_path / "density") == cached
-    assert set(algo.data) == {"model_split", "density"} and set(algo.artifacts) == {"dataset"}
+    assert not os.path.exists(tmp_path / "density")  # nothing written outside the run
+    algo = mopo.build(config)
+    assert set(algo.data) == {"model_split", "density_split"}
+    assert set(algo.artifacts) == {"dataset"} and "fit_density" in algo.hooks
     algo.close()
-    with open(tmp_path / "density" / cached[0], "r+b") as f:  # a cache cut short
-        f.truncate(10)
-    mopo.build(config).close()  # rebuilt, with a notice, the damaged file kept aside
-    assert "cannot be read" in capsys.readouterr().out
-    assert sorted(os.listdir(tmp_path / "density")) == [cached[0], cached[0] + ".unreadable"]
+    plain = mopo.build(mopo_config(pendulum_random, tmp_path))
+    assert "fit_density" not in plain.hooks and plain.phase_hooks == {"density": ()}
+    plain.close()
+
+
+def test_every_run_fits_the_same_density(pendulum_random, tmp_path):
+    """The density describes the data: its split and key come from ``gormpo.density_seed``
+    alone, so runs of other seeds (and each seed of a run) fit the same one."""
+    import contract
+
+    states = []
+    for seed in (1, 2):
+        config = mopo_config(pendulum_random, tmp_path, algo="gormpo", seed=seed)
+        algo = contract.build(contract.entry_of_config(config), config)
+        drive = contract.Drive.start(config, algo)
+        while drive.scheduler.current.name == "density":
+            drive.call()
+        states.append(drive.state.density)
+        algo.close()
+    contract.assert_trees_equal(states[0], states[1], "density of seeds 1 and 2")
 
 
 def test_a_density_that_scores_next_states_is_fit_on_next_states(pendulum_random, tmp_path):
@@ -153,50 +169,9 @@ def test_a_density_that_scores_next_states_is_fit_on_next_states(pendulum_random
         config = mopo_config(shifted, tmp_path, algo="gormpo", penalty="linear",
                              **{"gormpo.score_next_state": score_next})
         algo = mopo.build(config)
-        state_mean = np.asarray(algo.data["density"]["scaler"].mean)[:3]
+        state_mean = np.asarray(algo.init(jax.random.PRNGKey(0)).density.scaler.mean)[:3]
         np.testing.assert_allclose(state_mean, obs_mean + offset, atol=0.3)
         algo.close()
-
-
-@pytest.mark.parametrize("overrides, message", [
-    ({"algo": "gormpo", "penalty": "square"},
-     r"Unknown penalty 'square' for gormpo; valid: \['linear', 'inverse', 'tanh', 'softplus'\]"),
-    ({"penalty": "tanh"}, "set --config.algo=gormpo"),
-    ({"mopo.num_elites": 9}, "num_elites"),
-    ({"sac.batch_size": 0}, "sac.batch_size"),
-    ({"sac.log_std": "exp"}, "Unknown sac.log_std 'exp'"),
-    ({"mopo.model_init": "torch"}, r"Unknown mopo.model_init 'torch'; choose one of"),
-    ({"env.id": "Hopper-v4"}, "the dataset was made for another env"),
-    ({"dataset": "/nonexistent/hopper.hdf5", "dataset_make.level": ""},
-     "/nonexistent/hopper.hdf5.*make_dataset --env=Pendulum-v1"),
-])
-def test_bad_settings_are_refused(pendulum_random, tmp_path, overrides, message):
-    with pytest.raises(ConfigError, match=message):
-        train.run(mopo_config(pendulum_random, tmp_path, **overrides), str(tmp_path / "run"))
-    assert not os.path.exists(tmp_path / "run" / "checkpoints")
-
-
-def test_an_inverse_penalty_with_a_large_coefficient_is_warned_about(pendulum_random, tmp_path):
-    with pytest.warns(UserWarning, match=r"inverse penalty .* unbounded.*penalty_coef=0\.001"):
-        runner.validate(mopo_config(pendulum_random, tmp_path, algo="gormpo", penalty="inverse"))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        runner.validate(mopo_config(pendulum_random, tmp_path, algo="gormpo",
-                                    penalty="inverse", penalty_coef=0.01))
-    assert not [w for w in caught if "inverse penalty" in str(w.message)]
-
-
-def test_the_actor_lr_anneals_over_the_policy_phase_one_step_per_epoch():
-    """OfflineRL-Kit's run_mopo.py: CosineAnnealingLR(actor_optim, epochs), stepped per epoch;
-    with its actor (clamped log-std) and alpha capped at 1."""
-    c = jaxwm.config.load(os.path.join(ROOT, "configs/mopo.py:hopper_medium"))
-    hyper = mopo.sac_hyper(c)
-    assert (hyper.actor_lr_decay_steps, hyper.actor_lr_step_every) == (3000, 1000)
-    assert (hyper.max_alpha, c.sac.log_std, c.sac.weight_init, c.mopo.model_init) == (
-        1.0, "clip", "torch", "kit")
-    c = jaxwm.config.load(os.path.join(ROOT, "configs/mopo.py:hopper_medium"),
-                          {"mopo.actor_lr_cosine": False})
-    assert mopo.sac_hyper(c).actor_lr_decay_steps == 0
 
 
 def test_d4rl_variants_carry_mopos_horizon_and_lambda():
@@ -240,8 +215,7 @@ def test_pendulum_tiny_beats_the_behaviour_policy(pendulum_medium, tmp_path, alg
         "dataset_return_mean"]
     config = jaxwm.config.load(os.path.join(ROOT, "configs/mopo.py:pendulum_tiny"),
                                {"log.progress": False, "dataset": pendulum_medium,
-                                "algo": algo, "penalty": shape, "penalty_coef": coef,
-                                "gormpo.cache_dir": str(tmp_path / "density")})
+                                "algo": algo, "penalty": shape, "penalty_coef": coef})
     summary = train.run(config, str(tmp_path / "run"))
     print(f"{algo} {shape or 'uncertainty'} coef {coef}: final eval "
           f"{summary['eval/episodic_return']:.1f}, behaviour {behaviour:.1f}")

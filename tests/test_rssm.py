@@ -11,7 +11,7 @@ import pytest
 
 from jaxwm import backend
 from jaxwm.agents import imagination
-from jaxwm.models import rssm
+from jaxwm.models import protocol, rssm
 from jaxwm.nets.backbones.recurrent import BlockGRU, BlockLinear
 from jaxwm.ops import twohot
 
@@ -123,8 +123,14 @@ def test_dyn_trains_only_the_prior_and_rep_only_the_posterior():
     assert float(jnp.abs(rep_grads[1]).max()) == 0.0 and float(jnp.abs(rep_grads[0]).max()) > 0
 
 
-def test_imagine_under_scan_equals_a_python_loop(model_and_params):
-    model, params = model_and_params
+def test_imagine_under_scan_equals_a_python_loop():
+    """``protocol.imagine`` of the RSSM: its prior steps, rewards and continue probabilities
+    are those of ``img_step`` and the heads, one step at a time. (Symlog bins: a zero reward
+    head's expectation over symexp bins, ~5e8 wide, is 0 only up to the summation order.)"""
+    model = tiny_model(twohot_space="symlog")
+    params = model.init(jax.random.key(0), jnp.zeros((2, 5)))
+    params = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.key(1), x.shape),
+                          params)
     start = {"deter": jax.random.normal(jax.random.key(7), (3, 16)),
              "stoch": jax.nn.one_hot(jax.random.randint(jax.random.key(8), (3, 32), 0, 4), 4)}
     weights = jax.random.normal(jax.random.key(9), (16 + 128, 3))
@@ -133,7 +139,8 @@ def test_imagine_under_scan_equals_a_python_loop(model_and_params):
         return jax.nn.one_hot(jax.random.categorical(key, feat @ weights), 3)
 
     key, horizon = jax.random.key(10), 4
-    states, actions = model.imagine(params, start, policy, horizon, key)
+    states, actions, rewards, conts = protocol.imagine(model, params, start, policy, horizon,
+                                                       key)
     assert states["deter"].shape == (3, horizon + 1, 16) and actions.shape == (3, horizon, 3)
     state = start
     for t, k in enumerate(jax.random.split(key, horizon)):
@@ -142,6 +149,10 @@ def test_imagine_under_scan_equals_a_python_loop(model_and_params):
         action = policy(rssm.features(state), k_act)
         np.testing.assert_array_equal(actions[:, t], action)
         state = model.img_step(params, state, action, k_img)
+        reward_logits, cont_logit = model.heads(params, rssm.features(state))
+        np.testing.assert_allclose(rewards[:, t], model.reward_head.predict(reward_logits),
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(conts[:, t], jax.nn.sigmoid(cont_logit), rtol=1e-5)
     np.testing.assert_allclose(states["deter"][:, -1], state["deter"], rtol=1e-5, atol=1e-6)
 
 
@@ -153,9 +164,10 @@ def test_observe_resets_where_an_episode_starts(model_and_params):
     actions = jax.nn.one_hot(jnp.array([[0, 1, 2, 1, 0], [2, 2, 1, 0, 1]]), 3)
     is_first = jnp.array([[True, False, False, True, False]] * 2)
     key = jax.random.key(12)
-    _, states, post, _ = model.observe(params, model.initial(2), embed, actions, is_first, key)
+    _, states, post, _ = model.observe_sequence(params, model.initial(params, 2), embed, actions,
+                                                is_first, key)
     keys = jax.random.split(key, 5)
-    fresh, (post_fresh, _) = model.obs_step(params, model.initial(2), actions[:, 3] * 0,
+    fresh, (post_fresh, _) = model.obs_step(params, model.initial(params, 2), actions[:, 3] * 0,
                                             embed[:, 3], jnp.zeros(2, bool), keys[3])
     np.testing.assert_allclose(post[:, 3], post_fresh, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(states["deter"][:, 3], fresh["deter"], rtol=1e-5, atol=1e-6)

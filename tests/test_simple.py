@@ -11,12 +11,13 @@ import numpy as np
 import optax
 import pytest
 
+from jaxwm.agents import simple as simple_agent
 from jaxwm.algos import simple
 from jaxwm.config import ConfigError, load
+from jaxwm.data import frames
 from jaxwm.data.replay import SequenceReplay
 from jaxwm.envs import acting
-from jaxwm.envs.types import StepResult
-from jaxwm.models import nextframe
+from jaxwm.models import nextframe, protocol
 from jaxwm.ops import reward_balance
 
 
@@ -48,7 +49,7 @@ def test_full_size_matches_mbarcs_parameter_count():
 def test_outputs_have_the_frames_shape(height, width, head):
     net = make_net(reward_head=head)
     params = init(net, height, width)
-    apply = simple.make_apply(net, 3)
+    apply = nextframe.make_apply(net, 3)
     stack = jnp.zeros((2, height, width, 12), jnp.uint8)
     target = jnp.zeros((2, height, width, 3), jnp.uint8)
     logits, reward, value, lstm = jax.eval_shape(
@@ -64,7 +65,7 @@ def test_outputs_have_the_frames_shape(height, width, head):
 def test_dropout_only_in_training():
     net = make_net()
     params = init(net, 52, 40)
-    apply = simple.make_apply(net, 3)
+    apply = nextframe.make_apply(net, 3)
     stack = jax.random.randint(jax.random.PRNGKey(3), (2, 52, 40, 12), 0, 256).astype(jnp.uint8)
     target = stack[..., -3:]
     value = jax.jit(lambda key, train: apply(params, stack, jnp.array([1, 1]), key, target,
@@ -78,12 +79,12 @@ def test_dropout_only_in_training():
 def test_one_update_lowers_the_pixel_loss_on_a_fixed_batch():
     net = make_net(stochastic=False)
     params = init(net, 52, 40)
-    apply = simple.make_apply(net, 3)
+    apply = nextframe.make_apply(net, 3)
     key = jax.random.PRNGKey(6)
     stack = jax.random.randint(key, (4, 52, 40, 12), 0, 256).astype(jnp.uint8)
     target = stack[..., -3:]
     action = jnp.array([0, 1, 2, 1])
-    optimizer = simple.adafactor()
+    optimizer = simple_agent.adafactor()
     opt_state = optimizer.init(params)
 
     @jax.jit
@@ -250,14 +251,14 @@ def test_real_reward_rates_count_executed_steps_only():
     """Rows 0-5, an episode ending at row 3 (its done row executed no action): transitions
     0, 1, 2 and 4 earn the classes of rows 1, 2, 3 and 5: +1, +1, 0, 0."""
     replay = replay_of([1, 2, 2, 1, 0, 1], dones=[0, 0, 0, 1, 0, 0], firsts=[1, 0, 0, 0, 1, 0])
-    per_step, rewarded = simple.real_reward_rates(replay)
+    per_step, rewarded = simple_agent.real_reward_rates(replay)
     assert float(per_step) == pytest.approx(0.5) and float(rewarded) == pytest.approx(0.5)
 
 
 def test_values_are_discounted_returns_filled_in_when_episodes_end():
     """Rows 0-3: an episode whose last row is 3 (rewards +1 arrive with rows 2 and 3); rows
     4-6: the next episode, unfinished. Row t's value is r_{t+1} + 0.9 V_{t+1}."""
-    replay = simple.fill_values(replay_of(
+    replay = simple_agent.fill_values(replay_of(
         rewards=[1, 1, 2, 2, 1, 0, 1], dones=[0, 0, 0, 1, 0, 0, 0], firsts=[1, 0, 0, 0, 1, 0, 0]),
         gamma=0.9)
     value, known = replay.data["value"][:7, 0], replay.data["value_known"][:7, 0]
@@ -267,52 +268,56 @@ def test_values_are_discounted_returns_filled_in_when_episodes_end():
 
 def test_frame_stacks_repeat_an_episodes_first_frame():
     is_first = jnp.array([1, 0, 0, 0, 0, 1, 0], bool)[:, None]
-    rows = simple.stack_rows(is_first, jnp.array([4]), 4)
+    rows = frames.stack_rows(is_first, jnp.array([4]), 4)
     np.testing.assert_array_equal(rows, [[1, 2, 3, 4]])
-    np.testing.assert_array_equal(simple.stack_rows(is_first, jnp.array([6]), 4), [[5, 5, 5, 6]])
-    np.testing.assert_array_equal(simple.stack_rows(is_first, jnp.array([1]), 4), [[0, 0, 0, 1]])
+    np.testing.assert_array_equal(frames.stack_rows(is_first, jnp.array([6]), 4), [[5, 5, 5, 6]])
+    np.testing.assert_array_equal(frames.stack_rows(is_first, jnp.array([1]), 4), [[0, 0, 0, 1]])
 
 
 def test_scheduled_sampling_fades_from_real_frames_to_predictions():
-    assert simple.scheduled_epsilon(0, 22_250) == pytest.approx(0.9999, abs=1e-6)
-    assert simple.scheduled_epsilon(22_250, 22_250) == pytest.approx(0.0, abs=1e-6)
-    assert simple.scheduled_epsilon(40_000, 22_250) == pytest.approx(0.0, abs=1e-6)
-    assert 0.0 < simple.scheduled_epsilon(11_000, 22_250) < 1.0
+    assert simple_agent.scheduled_epsilon(0, 22_250) == pytest.approx(0.9999, abs=1e-6)
+    assert simple_agent.scheduled_epsilon(22_250, 22_250) == pytest.approx(0.0, abs=1e-6)
+    assert simple_agent.scheduled_epsilon(40_000, 22_250) == pytest.approx(0.0, abs=1e-6)
+    assert 0.0 < simple_agent.scheduled_epsilon(11_000, 22_250) < 1.0
 
 
 def test_median_noise_replaces_elements_by_the_median():
-    frames = jnp.arange(9, dtype=jnp.uint8).reshape(1, 3, 3)
-    np.testing.assert_array_equal(simple.median_noise(jax.random.PRNGKey(0), frames, 0.0),
-                                  frames)
-    np.testing.assert_array_equal(simple.median_noise(jax.random.PRNGKey(0), frames, 1.0), 4)
+    pixels = jnp.arange(9, dtype=jnp.uint8).reshape(1, 3, 3)
+    np.testing.assert_array_equal(frames.median_noise(jax.random.PRNGKey(0), pixels, 0.0),
+                                  pixels)
+    np.testing.assert_array_equal(frames.median_noise(jax.random.PRNGKey(0), pixels, 1.0), 4)
 
 
 # ----------------------------------------------------------------------------- simulator
 
 
 def test_the_simulator_scan_equals_stepping_it_in_a_python_loop():
+    """The next-frame model as an env of the acting layer (``protocol.as_env`` of
+    ``nextframe.FrameModel``): the scan's stacks and rewards are those of its steps one at a
+    time, and each step appends the predicted frame to the stack."""
     net = make_net()
     params = init(net, 52, 40)
-    step = simple.simulator_step(simple.make_apply(net, 3))
+    model = nextframe.FrameModel(nextframe.make_apply(net, 3), 3, (12, 52, 40))
     n, steps = 3, 4
     stack = jax.random.randint(jax.random.PRNGKey(0), (n, 12, 52, 40), 0, 256).astype(jnp.uint8)
     key = jax.random.PRNGKey(1)
-    policy = acting.stateless(lambda p, obs, k, t: jax.random.randint(k, (obs.shape[0],), 0, 3))
-    no = jnp.zeros(n, bool)
-    first = StepResult(obs=stack, reward=jnp.zeros(n), terminated=no, truncated=no,
-                       episode_over=no, raw_reward=jnp.zeros(n))
+    policy = acting.stateless(lambda p, obs, k, t: jax.nn.one_hot(
+        jax.random.randint(k, (obs.shape[0],), 0, 3), 3))
+    env_state, first = protocol.env_start(model, params, stack, key)
     start = acting.ActorState.start(first, (), n)
     roll_key = jax.random.PRNGKey(2)
-    _, (final_stack, _), record, _ = jax.jit(lambda: acting.rollout(
-        policy, acting.sync(lambda s, a: step(params, s, a)), None, start, (stack, key),
-        roll_key, steps))()
-    env_state, rewards = (stack, key), []
+    _, ((final_stack, alive, _)), record, _ = jax.jit(lambda: acting.rollout(
+        policy, protocol.as_env(model, params), None, start, env_state, roll_key, steps))()
+    assert bool(jnp.all(alive))  # the simulator never ends an episode
+    state, rewards = stack, []
     for t, k in enumerate(acting.step_keys(roll_key, steps)):
-        action = policy.act(None, (), env_state[0], no, k)[1]
+        action = policy.act(None, (), state, jnp.zeros(n, bool), k)[1]
         np.testing.assert_array_equal(action, record.action[t])
-        env_state, result = jax.jit(step)(params, env_state, action)
-        rewards.append(result.reward)
-    np.testing.assert_array_equal(env_state[0], final_stack)
+        key, k_step = jax.random.split(key)
+        state, reward, cont = jax.jit(model.step)(params, state, action, k_step)
+        np.testing.assert_array_equal(cont, 1.0)
+        rewards.append(reward)
+    np.testing.assert_array_equal(state, final_stack)
     np.testing.assert_array_equal(jnp.stack(rewards)[:-1], record.reward[1:])
     # The stack shifts by one frame per step: the oldest frame goes, the newest is appended.
     np.testing.assert_array_equal(final_stack[:, :12 - 3 * steps], stack[:, 3 * steps:])

@@ -448,7 +448,7 @@ def test_model_size_is_one_setting_at_either_path():
 
 @pytest.mark.parametrize("overrides,message", [
     ({"env.id": "Pong-v5"}, "tdmpc2 takes continuous actions; Pong-v5's are discrete "
-                            "(algorithms for discrete actions: ppo, dreamer, simple)"),
+                            "(algorithms for discrete actions: dreamer, pairing, ppo, simple)"),
     ({"model_size": 3}, "tdmpc2.model_size=3 does not exist; choose one of [1, 5, 19, 48, 317]"),
     ({"tdmpc2.horizon": 0}, "tdmpc2.horizon=0 is a size and must be > 0"),
     ({"tdmpc2.num_pi_trajs": 32}, "must exceed num_pi_trajs=32"),

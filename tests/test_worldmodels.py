@@ -236,7 +236,7 @@ def test_the_agent_resets_its_memory_at_episode_starts_and_shares_v_and_m_in_a_p
 def test_episode_returns_count_each_envs_first_episode_only():
     """Rewards arrive with the row after the action; a row that ends the episode brings its
     last reward, and nothing after it counts (the next rows are another episode)."""
-    from jaxwm.algos.worldmodels import episode_returns
+    from jaxwm.agents.worldmodels import episode_returns
     from jaxwm.envs.acting import Steps
 
     reward = jnp.array([[9.0, 9.0], [1.0, 2.0], [1.0, 2.0], [5.0, 2.0], [7.0, 2.0]])
@@ -249,34 +249,45 @@ def test_episode_returns_count_each_envs_first_episode_only():
 
 
 def test_the_dream_env_in_the_acting_scan_equals_stepping_it_in_a_loop():
-    from jaxwm.algos.worldmodels import dream_env
+    """V and M as a world model (``models.vision_memory``) and that as an env of the acting
+    layer (``protocol.as_env``): the scan's rows are M's steps one at a time, a dream ends
+    where M's done head says so and stays ended, and the observation is ``[z, h]``."""
     from jaxwm.envs import acting
-    from jaxwm.envs.types import StepResult
+    from jaxwm.models import protocol
 
     memory = mdnrnn.MDNRNN(mdnrnn.MDNHyper(z_dim=4, hidden=8, predict_reward=True,
                                            predict_done=True))
-    agent = types_agent(memory)
-    params = mdnrnn.init(memory, jax.random.key(0), 3)
-    env = dream_env(agent, params, temperature=1.15)
+    model = types_agent(memory).model(temperature=1.15)
+    params = {"rnn": mdnrnn.init(memory, jax.random.key(0), 3)}
+    # Done heads that never end a dream and that end every one at its first step.
+    def done_bias(shift):
+        return jax.tree_util.tree_map_with_path(
+            lambda path, x: x + shift if "done" in jax.tree_util.keystr(path) and "bias" in
+            jax.tree_util.keystr(path) else x, params)
+
     n, steps = 3, 5
     z0 = jax.random.normal(jax.random.key(1), (n, 4))
-    carry = memory.initialize_carry(n)
-    state0 = (carry, z0, jax.random.key(2))
-    zeros = jnp.zeros(n, bool)
-    start = StepResult(jnp.concatenate([z0, carry[1]], -1), jnp.zeros(n), zeros, zeros, zeros,
-                       jnp.zeros(n))
+    state0 = (memory.initialize_carry(n), z0)
     policy = acting.stateless(lambda params, obs, key, temperature: jnp.tanh(obs[:, :3]))
-    actor = acting.ActorState.start(start, (), n)
-    _, final_state, record, _ = acting.rollout(policy, env, None, actor, state0,
-                                               jax.random.key(3), steps)
-    state, obs, rewards = state0, start.obs, []
-    for _ in range(steps):  # the same steps by hand: act on the last observation, send
-        state, result = env.send(state, None, jnp.tanh(obs[:, :3]))
-        obs = result.obs
-        rewards.append(result.reward)
-    # the scan's row t + 1 holds what step t returned (its last step's result is pending)
-    np.testing.assert_allclose(record.reward[1:], jnp.stack(rewards[:-1]), atol=1e-6)
-    np.testing.assert_allclose(final_state[1], state[1], atol=1e-6)  # the same latents
+    for p, ends in ((done_bias(-20.0), False), (done_bias(20.0), True)):
+        env_state, start = protocol.env_start(model, p, state0, jax.random.key(2))
+        np.testing.assert_allclose(start.obs, jnp.concatenate([z0, state0[0][1]], -1))
+        actor = acting.ActorState.start(start, (), n)
+        _, (final_state, alive, _), record, _ = acting.rollout(
+            policy, protocol.as_env(model, p), None, actor, env_state, jax.random.key(3),
+            steps)
+        state, obs, rewards, key = state0, start.obs, [], jax.random.key(2)
+        for _ in range(steps):  # the same steps by hand: act on the last observation
+            key, k_step = jax.random.split(key)
+            state, reward, _ = model.step(p, state, jnp.tanh(obs[:, :3]), k_step)
+            obs = model.features(p, state)
+            rewards.append(reward)
+        # the scan's row t + 1 holds what step t returned (its last result is pending)
+        np.testing.assert_allclose(record.reward[1:], jnp.stack(rewards[:-1]), atol=1e-6)
+        np.testing.assert_allclose(final_state[1], state[1], atol=1e-6)  # the same latents
+        assert bool(jnp.all(alive != ends))
+        if ends:
+            assert bool(jnp.all(record.terminated[1:]))
 
 
 def types_agent(memory):
@@ -303,7 +314,7 @@ def test_bad_settings_are_one_line_errors(overrides, message):
 
 
 def test_brownian_exploration_moves_by_small_steps_within_the_box_and_restarts():
-    from jaxwm.algos.worldmodels import brownian
+    from jaxwm.agents.worldmodels import brownian
     from jaxwm.envs.types import EnvSpec
 
     spec = EnvSpec("CarRacing-v3", "box2d", 3, (96, 96, 3), np.dtype(np.uint8), False, None,

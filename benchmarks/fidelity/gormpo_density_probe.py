@@ -14,8 +14,8 @@ same with Gaussian noise on the action (std 0.25, 0.5, 1.0, clipped to the datas
 range), what a policy leaving the data does; and with noise of std 0.1 on the next state,
 what a dynamics model's error does (Pendulum's (cos, sin) then leaves the unit circle, where
 a density fitted on the circle falls fast). Printed per probe: the mean penalty and the
-fraction of rows below the threshold tau. jaxwm's side loads the density its runs cached
-(``gormpo.cache_dir``) or fits it; GORMPO's side fits its RealNVP with
+fraction of rows below the threshold tau. jaxwm's side fits the density its runs fit (the
+same split, key and epochs as GORMPO's ``density`` phase); GORMPO's side fits its RealNVP with
 ``mopo_offlinerlkit.py``'s function and seed (on the rows read here, which may differ from
 the kit's ``qlearning_dataset`` by its last row, so a seed's fit need not be the run's).
 """
@@ -62,12 +62,37 @@ def probes(rows: np.ndarray, obs_dim: int, num: int = 5000) -> dict[str, np.ndar
     return out
 
 
+def fit_density(config, rows: np.ndarray):
+    """GORMPO's density on ``rows`` as its phase fits it (``algos.mopo``'s ``fit_density``
+    hook, epoch by epoch until the patience runs out): (spec, best params, scaler, tau)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxwm import backend
+    from jaxwm.agents import mopo
+    from jaxwm.models import realnvp
+    from jaxwm.models.dynamics import Normalizer
+
+    seed = config.gormpo.density_seed
+    spec = mopo.density_spec(config, rows.shape[1])
+    train, val, _ = realnvp.split_indices(len(rows), np.random.default_rng(seed))
+    x = jnp.asarray(rows, jnp.float32)
+    state = realnvp.init_density(spec, jax.random.PRNGKey(seed), Normalizer.fit(x[train]))
+    epoch = backend.jit(lambda s, k: realnvp.train_density_epoch(spec, s, x, train, val, k))
+    key = jax.random.PRNGKey(seed + 1)
+    for _ in range(spec.max_epochs):
+        key, k = jax.random.split(key)
+        state, _ = epoch(state, k)
+        if bool(state.patience.exhausted(spec.patience)):
+            break
+    return spec, state.patience.best_params, state.scaler, float(state.tau)
+
+
 def jaxwm_side(rows: np.ndarray, obs_dim: int, overrides: list[str]):
     sys.path.insert(0, ROOT)
     import jax.numpy as jnp
 
     import jaxwm.config
-    from jaxwm.algos import mopo
     from jaxwm.models import realnvp
 
     def value(text: str):  # as on the command line: 0.01 a number, True a bool, else text
@@ -79,7 +104,7 @@ def jaxwm_side(rows: np.ndarray, obs_dim: int, overrides: list[str]):
     settings = {k: value(v) for k, v in (kv.split("=", 1) for kv in overrides)}
     config = jaxwm.config.load(os.path.join(ROOT, "configs/mopo.py:pendulum_tiny"),
                                {"algo": "gormpo", "log.progress": False, **settings})
-    spec, params, scaler, tau = mopo.fit_density(config, rows)
+    spec, params, scaler, tau = fit_density(config, rows)
 
     def score(x):
         logp = realnvp.log_prob(spec, params, scaler, jnp.asarray(x))

@@ -23,6 +23,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxwm.envs import acting
+from jaxwm.models import protocol
+
 MIN_POPULATION = 4  # CMA-ES needs a few candidates to estimate a covariance
 
 
@@ -107,6 +110,78 @@ class Evolution:
         returns, metrics = evaluate(candidates, k_evaluate)
         state, told = self.tell(state, candidates, returns, k_tell)
         return state, {**metrics, **told}
+
+
+def first_episode_returns(steps) -> jax.Array:
+    """Each env's return [n] over its first episode in a rollout ``[T, n]`` (``acting.Steps``)
+    that started from a reset: the reward arriving with row t counts while no earlier row
+    ended the episode (a row that ends it brings its last reward; the next row starts
+    another)."""
+    ended_before = jnp.cumsum(steps.done, axis=0) - steps.done > 0
+    counts = (jnp.arange(steps.reward.shape[0])[:, None] > 0) & ~ended_before
+    return jnp.sum(jnp.where(counts, steps.reward, 0.0), axis=0)
+
+
+def controller_action(controller: Controller, flat, features, discrete: bool):
+    """``tanh(W f + b)``, or its argmax one-hot for discrete actions."""
+    out = controller.act(flat, features)
+    return jax.nn.one_hot(jnp.argmax(out, -1), controller.action_dim) if discrete else out
+
+
+def controller_policy(controller: Controller, population: int, discrete: bool = False):
+    """The population's controllers as one grouped policy over features (params: the
+    candidates [population, num_params])."""
+    return acting.grouped(acting.stateless(
+        lambda flat, obs, key, temperature: controller_action(controller, flat, obs,
+                                                              discrete)), population)
+
+
+def controller_on_model(controller: Controller, model) -> acting.Policy:
+    """One controller acting on a world model's states (``protocol.through_model``'s
+    ``inner``): params ``{"model", "controller"}``, the controller on the state's
+    features."""
+    return acting.stateless(lambda params, state, key, temperature: controller_action(
+        controller, params["controller"], model.features(params["model"], state),
+        model.discrete))
+
+
+def generation_in_model(evolution: Evolution, controller: Controller, model, episodes: int,
+                        max_steps: int):
+    """One CMA-ES generation inside any world model (``models.protocol``), as World Models
+    evolves in its dream: ``generation(es, model params, starts, env key, key) -> (es,
+    metrics)``, the ``population x episodes`` dreams starting from the model states
+    ``starts``, each candidate scored by the mean return of its dreams' first episodes
+    (``first_episode_returns``) over ``max_steps`` steps."""
+    population = evolution.population
+    n = population * episodes
+    policy = controller_policy(controller, population, model.discrete)
+
+    def generation(es, model_params, starts, env_key, key):
+        env_state, start = protocol.env_start(model, model_params, starts, env_key)
+
+        def evaluate(candidates, key):
+            actor = acting.ActorState.start(start, (), n)
+            _, _, steps, _ = acting.rollout(policy, protocol.as_env(model, model_params),
+                                            candidates, actor, env_state, jax.random.split(
+                                                key, population), max_steps + 1)
+            returns = first_episode_returns(steps).reshape(population, -1).mean(-1)
+            return returns, {"dream/episode_return": jnp.mean(returns)}
+
+        return evolution.generation(es, evaluate, key)
+
+    return generation
+
+
+def release(donated, result) -> None:
+    """Frees what a donating generation could not reuse, once its ``result`` is ready.
+    evosax's CMA-ES recomputes its eigenbasis ``B`` and scales ``D`` from ``C`` every
+    generation; LAPACK's eigendecomposition writes buffers of its own, so XLA cannot put them
+    in the donated ones, which would otherwise outlive the call beside the new. (Deleting an
+    input the dispatched program may still be reading crashed a worker once: wait first.)"""
+    jax.block_until_ready(result)
+    for x in jax.tree.leaves(donated):
+        if isinstance(x, jax.Array) and not x.is_deleted():
+            x.delete()
 
 
 def group_returns(reward: jax.Array, valid: jax.Array, groups: int) -> jax.Array:

@@ -37,13 +37,16 @@ with mean tanh(mu) and std in [0.1, 1] (``bounded_normal``), in the env's [-1, 1
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxwm.models.rssm import MLP, dense_block, features, unimix_logits
-from jaxwm.nets.distributions import Categorical, DiagGaussian
+from jaxwm.envs import acting
+from jaxwm.models import protocol
+from jaxwm.models.rssm import MLP, dense_block, unimix_logits
+from jaxwm.nets.distributions import Categorical, DiagGaussian, sample_at_temperature
 from jaxwm.ops import twohot
 from jaxwm.ops.returns import lambda_return
 
@@ -127,13 +130,28 @@ class ActorCritic:
         return self.actor.apply(actor_params, feat)
 
     def model_action(self, world_model, actor_params):
-        """``policy(feat, key) -> model-input action`` for ``WorldModel.imagine``; samples
-        are reparameterised for continuous actions (gradients reach the actor)."""
+        """``act(feat, key) -> action`` in the model's agent units for ``protocol.imagine``;
+        samples are reparameterised for continuous actions (gradients reach the actor)."""
 
         def act(feat, key):
-            return world_model.action_input(self.policy(actor_params, feat).sample(key))
+            return protocol.agent_action(world_model, self.policy(actor_params, feat).sample(key))
 
         return act
+
+    def acting_policy(self, world_model, actor_params: Callable,
+                      model_params: Callable) -> acting.Policy:
+        """The actor as a policy over ``world_model``'s states (``protocol.through_model``'s
+        ``inner``): a sample at ``temperature`` from the state's features, in agent units.
+        ``actor_params(params)`` and ``model_params(params)`` pick each part's parameters."""
+
+        def act(params, carry, state, is_first, key, temperature=1.0):
+            del is_first
+            feat = world_model.features(model_params(params), state)
+            dist = self.policy(actor_params(params), feat)
+            return carry, protocol.agent_action(
+                world_model, sample_at_temperature(dist, key, temperature)), {}
+
+        return acting.Policy(init_carry=lambda params, num_envs: (), act=act)
 
     def slow_update(self, slow_critic, critic):
         """The slow critic's EMA step (official ``slowvalue``, rate 0.02 every update)."""
@@ -151,17 +169,16 @@ class ActorCritic:
         """
         h = self.hyper
         sg = jax.lax.stop_gradient
-        value_head, reward_head = h.value_head, world_model.reward_head
+        value_head = h.value_head
         model_params, starts = sg(model_params), sg(starts)
-        states, actions = world_model.imagine(
-            model_params, starts, self.model_action(world_model, params["actor"]), h.horizon,
-            key)
-        feat = features(states)  # [N, H + 1, F]
-        if world_model.net.discrete:  # REINFORCE: the trajectory itself carries no gradient
-            feat, actions = sg(feat), sg(actions)
-        reward_logits, cont_logit = world_model.heads(model_params, feat)
-        reward = reward_head.predict(reward_logits)[:, 1:]
-        cont = jnp.concatenate([start_cont[:, None], jax.nn.sigmoid(cont_logit[:, 1:])], 1)
+        trajectory = protocol.imagine(world_model, model_params, starts,
+                                      self.model_action(world_model, params["actor"]),
+                                      h.horizon, key)
+        feat = world_model.features(model_params, trajectory.states)  # [N, H + 1, F]
+        actions, reward, cont = trajectory.actions, trajectory.rewards, trajectory.conts
+        if world_model.discrete:  # REINFORCE: the trajectory itself carries no gradient
+            feat, actions, reward, cont = sg(feat), sg(actions), sg(reward), sg(cont)
+        cont = jnp.concatenate([start_cont[:, None], cont], 1)
         critic_logits = self.critic.apply(params["critic"], sg(feat))
         # Values inside the returns see the trajectory (continuous actions: gradients reach
         # the actor through them) but never train the critic.
@@ -175,7 +192,7 @@ class ActorCritic:
         scale = retnorm.scale(h.return_limit)
         advantage = (returns - sg(values[:, :-1])) / scale
         dist = self.policy(params["actor"], sg(feat[:, :-1]))
-        if world_model.net.discrete:
+        if world_model.discrete:
             action_index = jnp.argmax(actions, -1)
             objective = dist.log_prob(action_index) * sg(advantage)
         else:  # dynamics backpropagation; the baseline only shifts, so it is stopped

@@ -24,6 +24,11 @@ restarts at ``max_std``. As an acting-layer policy (``policy``) that mean is the
 per env, so a batch of envs plans in one jitted function of ``(params, carry, obs, is_first,
 key)``: all of them vmapped at once, or ``envs_per_batch`` at a time one batch after another.
 
+Any world model of ``models.protocol`` can be planned in: ``model_objective`` scores the
+candidates by their rollouts in it (``protocol.rollout_sequences``) and a terminal value, from
+a model state, which ``protocol.through_model`` keeps per env for models with a memory (an
+RSSM); TD-MPC2's memoryless latent model encodes each observation instead (``start``).
+
 Actions are in [-1, 1]; the caller maps them to an env's box.
 """
 
@@ -39,6 +44,7 @@ import jax.numpy as jnp
 
 from jaxwm.agents.shooting import SequencePrior, top_k
 from jaxwm.envs import acting
+from jaxwm.models import protocol
 
 Objective = Callable[[jax.Array, jax.Array], jax.Array]  # (sequences [N, H, A], key) -> [N]
 
@@ -130,6 +136,36 @@ def select(key, result: Plan, noise_scale) -> jax.Array:
     return jnp.clip(action + noise_scale * noise, -1.0, 1.0)
 
 
+def model_objective(model, model_params: Callable, terminal_value: Callable, discount: float,
+                    prior: Callable | None = None, start: Callable | None = None) -> Callable:
+    """``make_objective(params, state, key) -> (objective, fixed)`` for ``policy`` over any
+    world model (``models.protocol``) from ONE model state (``start(params, obs)`` of an
+    observation where the policy acts on observations): a candidate's value is its
+    discounted rewards in the model until a state it does not continue from, plus
+    ``discount^H terminal_value(params, final states, key)`` of one still alive
+    (``protocol.planned_return``). ``prior(params, state, key)`` gives the fixed sequences
+    [P, H, A] every round includes (a policy prior's rollouts), or ``None``."""
+
+    def make_objective(params, state, key):
+        if start is not None:
+            state = start(params, state)
+        k_prior, _ = jax.random.split(key)
+        fixed = prior(params, state, k_prior) if prior is not None else None
+        mp = model_params(params)
+
+        def value(sequences, key):
+            n = sequences.shape[0]
+            starts = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), state)
+            rewards, conts, final = protocol.rollout_sequences(
+                model, mp, starts, sequences, jax.random.fold_in(key, 1))
+            return protocol.planned_return(rewards, conts, terminal_value(params, final, key),
+                                           discount)
+
+        return value, fixed
+
+    return make_objective
+
+
 def policy(make_objective: Callable, hyper: MPPIHyper, action_dim: int) -> acting.Policy:
     """MPPI as an acting-layer policy over a batch of envs. ``make_objective(params, obs, key)
     -> (objective, fixed)`` builds one env's objective and fixed sequences (or ``None``) from
@@ -147,8 +183,9 @@ def policy(make_objective: Callable, hyper: MPPIHyper, action_dim: int) -> actin
             result = plan(objective, k_plan, warm_start(prev_mean, first), hyper, fixed)
             return result.prior.mean, select(k_select, result, temperature)
 
-        keys = jax.random.split(key, obs.shape[0])
-        if 0 < hyper.envs_per_batch < obs.shape[0]:
+        num_envs = is_first.shape[0]  # obs may be a model's state (a pytree)
+        keys = jax.random.split(key, num_envs)
+        if 0 < hyper.envs_per_batch < num_envs:
             mean, action = jax.lax.map(lambda args: one(*args), (carry, obs, is_first, keys),
                                        batch_size=hyper.envs_per_batch)
         else:  # all at once, with no loop around it

@@ -87,6 +87,25 @@ def elites(candidates: jax.Array, returns: jax.Array, num_elites: int) -> jax.Ar
     return top_k(candidates, returns, num_elites)[0]
 
 
+def imagined_elites(step_fn: StepFn, starts, key, prior: SequencePrior, num_candidates: int,
+                    num_elites: int, low, high):
+    """Planning from each of the ``starts`` [N, D]: the elite sequences of all of them
+    ``[N * E, H, A]`` (a CEM step's data), and the imagined returns of the best, mean,
+    uniform and prior candidates."""
+    _, candidates, returns = jax.vmap(
+        lambda o, k: plan(step_fn, o, k, prior, num_candidates, low, high)
+    )(starts, jax.random.split(key, starts.shape[0]))
+    elite = jax.vmap(elites, in_axes=(0, 0, None))(candidates, returns, num_elites)
+    n_uniform = num_candidates - num_candidates // 2
+    metrics = {
+        "imagine/best_return": jnp.mean(jnp.max(returns, -1)),
+        "imagine/mean_return": jnp.mean(returns),
+        "imagine/uniform_best_return": jnp.mean(jnp.max(returns[:, :n_uniform], -1)),
+        "imagine/prior_best_return": jnp.mean(jnp.max(returns[:, n_uniform:], -1)),
+    }
+    return elite.reshape((-1,) + elite.shape[2:]), metrics
+
+
 def refit_prior(prior: SequencePrior, elite_seqs: jax.Array, momentum: float,
                 min_std: float) -> SequencePrior:
     """CEM step: move mean/std toward the elites' moments ([N, H, A] pooled over states)."""

@@ -52,7 +52,7 @@ import optax.losses
 from flax import struct
 
 from jaxwm import parallel
-from jaxwm.agents import mppi, shooting
+from jaxwm.agents import mppi
 from jaxwm.envs import acting
 from jaxwm.envs.types import ActionBox
 from jaxwm.models import tdmpc2 as wm
@@ -231,38 +231,18 @@ class Agent:
                                    k_target)
         rho = h.rho ** jnp.arange(horizon, dtype=jnp.float32)
 
-        def masked_mean(x, mask):  # [H, B] -> [H]: each step's mean over its valid rows
-            return jnp.sum(x * mask, 1) / jnp.maximum(jnp.sum(mask, 1), 1.0)
-
         def model_loss(params):
-            z0 = self.encode(params, obs[0])
-
-            def step(z, a):
-                z = self.next(params, z, a)
-                return z, z
-
-            _, rolled = jax.lax.scan(step, z0, action)  # z_1..z_H
-            zs = jnp.concatenate([z0[None], rolled])
-            consistency = jnp.mean((rolled - next_z) ** 2, -1)
-            reward_logits = self.model.apply(params, zs[:-1], action,
-                                             method=wm.WorldModel.reward)
+            zs, losses = wm.rollout_terms(self.model, params, obs, action, reward, terminated,
+                                          inside, next_z, rho)
             q_logits = self.model.apply(params, zs[:-1], action, True, method=wm.WorldModel.q,
                                         rngs={"dropout": k_loss})
-            reward_ce = wm.soft_cross_entropy(reward_logits, reward)
             value_ce = jnp.sum(wm.soft_cross_entropy(
                 q_logits, jnp.broadcast_to(td_target, q_logits.shape[:-1])), 0)
-            losses = {
-                "consistency": jnp.sum(rho * masked_mean(consistency, inside)) / horizon,
-                "reward": jnp.sum(rho * masked_mean(reward_ce, inside)) / horizon,
-                "value": jnp.sum(rho * masked_mean(value_ce, inside))
-                / (horizon * q_logits.shape[0])}
+            losses["value"] = jnp.sum(rho * wm.masked_mean(value_ce, inside)) / (
+                horizon * q_logits.shape[0])
             total = (h.consistency_coef * losses["consistency"] + h.reward_coef
                      * losses["reward"] + h.value_coef * losses["value"])
             if self.model.episodic:
-                logits = self.model.apply(params, rolled, method=wm.WorldModel.termination)
-                bce = optax.losses.sigmoid_binary_cross_entropy(logits, terminated)
-                losses["termination"] = jnp.sum(bce * inside) / jnp.maximum(
-                    jnp.sum(inside), 1.0)
                 total = total + h.termination_coef * losses["termination"]
             return total, (zs, losses)
 
@@ -281,7 +261,7 @@ class Agent:
             q = self.q_pair(frozen_qs, zs, a, k_pi_q, train=True).mean(0)
             scale = learner.scale.update(q[0], h.tau)
             objective = h.entropy_coef * info["scaled_entropy"] + q / scale.value
-            loss = jnp.mean(rho_pi * masked_mean(-objective, valid))
+            loss = jnp.mean(rho_pi * wm.masked_mean(-objective, valid))
             return loss, (scale, info)
 
         pi_params = wm.policy_params(params)
@@ -319,19 +299,17 @@ class Agent:
 
     # ------------------------------------------------------------------ planning
 
-    def objective(self, params, obs, key):
-        """One env's MPPI objective and the policy prior's sequences (module docstring)."""
-        h, p = self.hyper, self.planning
-        k_prior, k_steps = jax.random.split(key)
-        z = self.encode(params, obs)
-        episodic = self.model.episodic
+    @property
+    def latent(self) -> wm.LatentModel:
+        """The world model on the protocol (``models.protocol``)."""
+        return wm.LatentModel(self.model)
 
-        def step(z, a):  # shooting.imagine's step: one latent, one action
-            reward = self.reward(params, z, a)
-            z = self.next(params, z, a)
-            ends = jax.nn.sigmoid(self.model.apply(params, z, method=wm.WorldModel.termination)
-                                  ) > 0.5 if episodic else jnp.zeros((), bool)
-            return z, (reward, ends)
+    def prior_sequences(self, params, z, key):
+        """``num_pi_trajs`` rollouts [P, H, A] of the policy prior from one latent (MPPI's
+        fixed candidates), or ``None``."""
+        p = self.planning
+        if not p.num_pi_trajs:
+            return None
 
         def prior_rollout(key):
             def body(z, k):
@@ -341,33 +319,27 @@ class Agent:
             _, actions = jax.lax.scan(body, z, jax.random.split(key, p.horizon))
             return actions
 
-        fixed = jax.vmap(prior_rollout)(jax.random.split(k_prior, p.num_pi_trajs)) \
-            if p.num_pi_trajs else None
-        discounts = h.discount ** jnp.arange(p.horizon, dtype=jnp.float32)
+        return jax.vmap(prior_rollout)(jax.random.split(key, p.num_pi_trajs))
 
-        def value(sequences, key):
-            k_pi, k_q = jax.random.split(key)
-            (rewards, ends), final = jax.vmap(
-                lambda seq: shooting.imagine(step, z, seq))(sequences)
-            # A rollout earns until (and including) the step into a terminal latent.
-            alive = jnp.cumprod(1.0 - jnp.concatenate(
-                [jnp.zeros_like(ends[:, :1]), ends[:, :-1]], 1).astype(jnp.float32), 1)
-            after = alive[:, -1] * (1.0 - ends[:, -1].astype(jnp.float32))
-            a_final, _ = self.pi(params, final, k_pi)
-            q = self.q_pair(wm.q_params(params), final, a_final, k_q).mean(0)
-            return jnp.sum(discounts * alive * rewards, 1) + \
-                h.discount ** p.horizon * after * q
-
-        return value, fixed
+    def terminal_value(self, params, final, key):
+        """The mean of two random Q heads at the final latents and a policy-prior action."""
+        k_pi, k_q = jax.random.split(key)
+        a_final, _ = self.pi(params, final, k_pi)
+        return self.q_pair(wm.q_params(params), final, a_final, k_q).mean(0)
 
     def planner(self) -> acting.Policy:
-        """MPPI over the model as an acting-layer policy of a ``Learner``, in env units. It
-        plans with the model's weights centred (``wm.centre_weights``: the same function, fewer
-        passes over the 512 samples' activations)."""
+        """MPPI over the model as an acting-layer policy of a ``Learner``, in env units
+        (``mppi.model_objective`` of the latent model, from each observation's encoding). It
+        plans with the model's weights centred (``wm.centre_weights``: the same function,
+        fewer passes over the 512 samples' activations)."""
         centred = dataclasses.replace(self, model=self.model.clone(centred=True))
-        inner = mppi.policy(
-            lambda learner, obs, key: centred.objective(wm.centre_weights(learner.params), obs,
-                                                        key),
+        params_of = lambda learner: wm.centre_weights(learner.params)  # noqa: E731
+        inner = mppi.policy(mppi.model_objective(
+            centred.latent, params_of,
+            lambda learner, final, key: centred.terminal_value(params_of(learner), final, key),
+            self.hyper.discount,
+            prior=lambda learner, z, key: centred.prior_sequences(params_of(learner), z, key),
+            start=lambda learner, obs: centred.encode(params_of(learner), obs)),
             self.planning, self.action_dim)
 
         def act(learner, carry, obs, is_first, key, temperature=1.0):

@@ -1,14 +1,20 @@
-"""Registry of algorithms and what each can run, checked against a config in one place.
+"""The registry of algorithms: one typed ``Entry`` per algorithm carries everything the rest
+of jaxwm asks of it, checked against a config in one place.
 
-``config.algo`` -> a module with ``CAPABILITIES`` (below), ``validate(config)`` (checks of its
-own settings), optionally ``validate_env(config, spec)`` (of its settings against the env's
-``EnvSpec``), ``hook_counts(config)`` (what one call of each hook adds to each counter: the
-hooks ``build`` makes and ``--dry_run``'s phase table read it, so they cannot disagree), and
-``build(config) -> Algorithm``. ``jaxwm.runner.validate`` runs them before
-anything is built or compiled: the shared settings' checks (``jaxwm.config``), every size > 0
-(``config.check_sizes``), the algorithm's ``validate``, then, with the env probed, the
-capabilities and ``validate_env``. A new algorithm registers here with a small config its tests run
-(``tiny``), and the contract suite (``tests/test_contract.py``) checks it from then on.
+``config.algo`` -> ``get(name)``, an ``Entry``: how to ``build`` it (``config ->
+loop.algorithm.Algorithm``), what it can run (``capabilities``), its checks (``validate``, of
+its own settings, and ``validate_env``, of them against the env's ``EnvSpec``), what one call
+of each hook adds to each counter (``hook_counts``: the hooks ``build`` makes and
+``--dry_run``'s phase table read it, so they cannot disagree), the hooks it derives for
+phases a config leaves empty (``phase_hooks``), which of its settings may change on resume
+(``resumable``; its learning rates that may not say why in ``fixed``), which of its integer
+settings may be 0 (``zero_means``), whether it learns from a dataset alone (``offline``), and
+the small config its tests run (``tiny``). ``jaxwm.runner.validate`` runs the checks before
+anything is built or compiled: the shared settings' (``jaxwm.config``), every size > 0
+(``config.check_sizes``, with the entry's ``zero_means``), ``validate``, then, with the env
+probed, the capabilities and ``validate_env``. Nothing elsewhere keeps a table keyed by an
+algorithm's name: a new algorithm defines its ``ENTRY`` and registers its module here, and the
+contract suite (``tests/test_contract.py``) checks it from then on.
 """
 
 from __future__ import annotations
@@ -19,27 +25,22 @@ from collections.abc import Callable, Mapping
 
 import jax
 
-from jaxwm.config import ConfigError, pool_is_async
+from jaxwm.config import ConfigError, is_learning_rate, pool_is_async
 
-
-@dataclasses.dataclass(frozen=True)
-class Entry:
-    module: str
-    tiny: str  # the config the contract suite runs, "configs/<file>.py:<variant>"
-
-
-# Modules imported lazily so that one algorithm's imports never slow another.
+# Modules imported lazily so that one algorithm's imports never slow another:
+# ``"module"`` (its ``ENTRY``) or ``"module:NAME"``.
 REGISTRY = {
-    "ppo": Entry("jaxwm.algos.ppo", "configs/ppo.py:tiny"),
-    "mbrs": Entry("jaxwm.algos.mbrs", "configs/mbrs.py:tiny"),
-    "sac": Entry("jaxwm.algos.sac", "configs/sac.py:tiny"),
-    "mopo": Entry("jaxwm.algos.mopo", "configs/mopo.py:tiny"),
-    "gormpo": Entry("jaxwm.algos.mopo", "configs/mopo.py:tiny_gormpo"),  # GORMPO's penalty
-    "dreamer": Entry("jaxwm.algos.dreamer", "configs/dreamer.py:tiny"),
-    "simple": Entry("jaxwm.algos.simple", "configs/simple.py:tiny"),
-    "tdmpc2": Entry("jaxwm.algos.tdmpc2", "configs/tdmpc2.py:tiny"),
-    "worldmodels": Entry("jaxwm.algos.worldmodels", "configs/worldmodels.py:tiny"),
-    "diffusion": Entry("jaxwm.algos.diffusion", "configs/diffusion.py:tiny"),
+    "ppo": "jaxwm.algos.ppo",
+    "mbrs": "jaxwm.algos.mbrs",
+    "sac": "jaxwm.algos.sac",
+    "mopo": "jaxwm.algos.mopo:MOPO",
+    "gormpo": "jaxwm.algos.mopo:GORMPO",  # MOPO with GORMPO's density penalty
+    "dreamer": "jaxwm.algos.dreamer",
+    "pairing": "jaxwm.algos.dreamer:PAIRING",  # a world model and an agent as components
+    "simple": "jaxwm.algos.simple",
+    "tdmpc2": "jaxwm.algos.tdmpc2",
+    "worldmodels": "jaxwm.algos.worldmodels",
+    "diffusion": "jaxwm.algos.diffusion",
 }
 
 NO_PROCESSES = ("it keeps its whole state on every device and steps its envs from one process; "
@@ -64,27 +65,80 @@ class Capabilities:
         "processes": NO_PROCESSES, "async_pool": NO_ASYNC_POOL})
 
 
-def continuous_control(*batch_keys: str) -> Capabilities:
+def setting(config, dotted: str):
+    """``config``'s value at a dotted key (``"sac.batch_size"``)."""
+    for part in dotted.split("."):
+        config = config[part]
+    return config
+
+
+def continuous_control(*batch_keys: str, **kwargs) -> Capabilities:
     """Continuous actions from vector observations (SAC, planners), with the batches of the
     dotted config keys ``batch_keys`` split over the devices."""
-    def setting(config, dotted):
-        for part in dotted.split("."):
-            config = config[part]
-        return config
-
     return Capabilities(actions=("continuous",), observations=("vector",),
-                        device_batches=lambda c: {k: setting(c, k) for k in batch_keys})
+                        device_batches=lambda c: {k: setting(c, k) for k in batch_keys},
+                        **kwargs)
 
 
-def get(name: str):
+def _no_env_checks(config, spec) -> None:
+    del config, spec
+
+
+def _no_derived_hooks(config) -> dict:
+    del config
+    return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """Everything jaxwm asks of one algorithm (module docstring).
+
+    ``resumable``: dotted settings that may change between a run and its resume, each a
+    constant of a jitted update or a schedule of an optimiser's step count, never a number
+    kept in the state (learning rates, clip norms); the NaN stop advises lowering the learning
+    rates among them. ``fixed``: its learning-rate settings that may not change on resume,
+    each with why. ``zero_means``: its integer settings that may be 0, with what 0 means (every
+    other integer is a size, > 0). ``offline``: it learns from ``config.dataset`` and steps no
+    env while training (the contract suite hands it a small dataset)."""
+
+    name: str
+    build: Callable
+    validate: Callable
+    hook_counts: Callable[[object], Mapping[str, Mapping[str, int]]]
+    tiny: str  # the config the contract suite runs, "configs/<file>.py:<variant>"
+    tiny_more: tuple[str, ...] = ()  # more it runs (each pairing of configs/pairing.py)
+    capabilities: Capabilities = Capabilities()
+    validate_env: Callable = _no_env_checks
+    phase_hooks: Callable[[object], Mapping[str, tuple[str, ...]]] = _no_derived_hooks
+    resumable: tuple[str, ...] = ()
+    fixed: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    zero_means: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    offline: bool = False
+
+    @property
+    def tiny_configs(self) -> tuple[str, ...]:
+        return (self.tiny, *self.tiny_more)
+
+    @property
+    def learning_rates(self) -> tuple[str, ...]:
+        """The resumable learning rates (what the NaN stop advises lowering)."""
+        return tuple(k for k in self.resumable if is_learning_rate(k))
+
+
+def names() -> tuple[str, ...]:
+    return tuple(sorted(REGISTRY))
+
+
+def get(name: str) -> Entry:
     if name not in REGISTRY:
         raise ConfigError(f"Unknown algorithm {name!r}; known: {sorted(REGISTRY)}.")
-    return importlib.import_module(REGISTRY[name].module)
+    module, _, attribute = REGISTRY[name].partition(":")
+    return getattr(importlib.import_module(module), attribute or "ENTRY")
 
 
 def taking(action: str) -> list[str]:
     """The registered algorithms that take ``action`` ("discrete" or "continuous") actions."""
-    return [name for name in REGISTRY if action in get(name).CAPABILITIES.actions]
+    return [name for name in sorted(REGISTRY) if action in get(name).capabilities.actions]
 
 
 def check_capabilities(config, capabilities: Capabilities, spec) -> None:

@@ -3,9 +3,10 @@ demonstrations and evaluated in the env: one hook, ``update_agent``.
 
 The demonstrations are a D4RL-format file (``config.dataset``, read by
 ``jaxwm.data.datasets``; ``python -m jaxwm.tools.make_dataset --level=expert`` makes them with
-jaxwm's own SAC, and the runner does so first where the config says how: ``dataset_make``).
-They are read-only data of the algorithm (on the device, never checkpointed): the steps'
-observations and actions, and every window of ``horizon`` steps inside one episode, padded
+jaxwm's own SAC, and ``jaxwm.train`` does so first where the config says how:
+``dataset_make``). The steps' observations and actions are a phase artifact the run imports
+when it starts (a resume refuses a file that changed since, as MOPO's dataset), read whole on
+the device; every window of ``horizon`` steps inside one episode is read-only data, padded
 at both ends by repeating the first or last step (``datasets.sequence_windows``: the
 reference's ``SequenceSampler`` with ``pad_before = n_obs_steps - 1``, ``pad_after =
 action_steps - 1``). ``update_agent`` samples ``batch_size`` windows uniformly and takes
@@ -25,15 +26,14 @@ import jax
 import numpy as np
 from flax import struct
 
-from jaxwm import backend, parallel
+from jaxwm import parallel
 from jaxwm.agents import diffusion_policy as dp
-from jaxwm.algos import continuous_control
+from jaxwm.algos import Entry, continuous_control
 from jaxwm.config import require
 from jaxwm.data.datasets import load_configured, sequence_windows, window_rows
-from jaxwm.loop import seeds
-from jaxwm.loop.algorithm import Algorithm, Hook, learner_update
-
-CAPABILITIES = continuous_control("diffusion.batch_size")
+from jaxwm.loop.algorithm import Algorithm
+from jaxwm.loop.artifacts import Artifact
+from jaxwm.loop.compile import HookCompiler
 
 
 @struct.dataclass
@@ -69,39 +69,46 @@ def build(config) -> Algorithm:
     obs, action = (np.asarray(dataset.transitions[k], np.float32) for k in ("obs", "action"))
     windows = sequence_windows(dataset.episode_starts(), len(dataset), c.horizon,
                                pad_before=c.n_obs_steps - 1, pad_after=c.action_steps - 1)
-    mesh = parallel.data_mesh(config.num_devices or None)
-    data = parallel.put_readonly({"demos": {"obs": obs, "action": action},
-                                  "windows": windows}, mesh)
+    compiler = HookCompiler.for_config(config)
+    # The demonstrations: a phase artifact the run imports when it starts and keeps (a resume
+    # refuses a dataset file that changed since), read whole on the device; their windows,
+    # derived from the same file, read-only data.
+    demos = {"obs": obs, "action": action}
+    artifacts = {"demos": Artifact(example={k: v[0] for k, v in demos.items()},
+                                   source=lambda: demos,
+                                   place=partial(parallel.put_readonly, mesh=compiler.mesh))}
+    data = parallel.put_readonly({"windows": windows}, compiler.mesh)
 
     def sample_batch(demos, windows, key):
         rows = window_rows(windows[jax.random.randint(key, (c.batch_size,), 0,
                                                       windows.shape[0])], c.horizon)
         return {"obs": demos["obs"][rows[:, :c.n_obs_steps]], "action": demos["action"][rows]}
 
-    step = dp.make_update(hyper, sample_batch, partial(parallel.constrain_batch, mesh=mesh))
+    step = dp.make_update(hyper, sample_batch,
+                          partial(parallel.constrain_batch, mesh=compiler.mesh))
 
-    def updates(learner, demos, windows, key):
+    def update_agent(state, data, key):
         def body(learner, k):
-            return step(learner, demos, windows, k)
+            return step(learner, data["demos"], data["windows"], k)
 
-        learner, metrics = jax.lax.scan(body, learner, jax.random.split(key, c.updates_per_call))
-        return learner, jax.tree.map(lambda m: m[-1], metrics)
-
-    over_seeds = partial(seeds.vmap, num_seeds=config.num_seeds)
-    _update = backend.jit(over_seeds(updates, in_axes=(0, None, None, 0)), donate_argnums=0)
-
-    def init(key):
-        learner = over_seeds(lambda k: dp.init_learner(hyper, k, obs, action))(key)
-        return DiffusionState(parallel.replicate(learner, mesh))
+        learner, metrics = jax.lax.scan(body, state.learner,
+                                        jax.random.split(key, c.updates_per_call))
+        return state.replace(learner=learner), {}, jax.tree.map(lambda m: m[-1], metrics)
 
     return Algorithm(
         name="Diffusion Policy" if c.model == "unet" else "MLP behaviour cloning",
-        init=init,
-        hooks={"update_agent": Hook(
-            learner_update(_update, lambda state, data: (data["demos"], data["windows"])),
-            counts=hook_counts(config)["update_agent"], reads=("demos", "windows"))},
-        data=data,
+        init=compiler.init(lambda k: DiffusionState(dp.init_learner(hyper, k, obs, action))),
+        hooks={"update_agent": compiler.hook(
+            update_agent, counts=hook_counts(config)["update_agent"], reads=("demos", "windows"),
+            shared=("demos", "windows"))},
+        data=data, artifacts=artifacts,
         policy=dp.policy(hyper, spec.action_low, spec.action_high),
         policy_params=lambda state: dp.acting_params(state.learner),
         score_reference=dataset.reference_returns,
     )
+
+
+ENTRY = Entry(name="diffusion", build=build, validate=validate, hook_counts=hook_counts,
+              tiny="configs/diffusion.py:tiny",
+              capabilities=continuous_control("diffusion.batch_size"),
+              resumable=("diffusion.learning_rate",), offline=True)

@@ -1,59 +1,51 @@
-"""DreamerV3 on the phase loop (Hafner et al. 2023, arXiv 2301.04104): hooks ``collect`` and
-``update_model``, wiring the agent (``jaxwm.agents.dreamer``) to envs, a sequence replay and
-the loop.
+"""DreamerV3 on the phase loop (Hafner et al. 2023, arXiv 2301.04104), and any pairing of a
+world model with an agent that learns, plans or evolves in it (``configs/pairing.py``): the
+wiring of the components a config names (``config.components``, ``agents.components``;
+DreamerV3's are the RSSM and the imagination actor-critic) to envs, a replay and the loop.
 
-* ``collect`` is the acting layer's jitted rollout (``jaxwm.envs.acting.Actor``) of
-  ``dreamer.steps_per_collect`` steps under the agent's policy (the RSSM posterior filters
-  each observation; the carry lives in the actor state), or uniformly random actions while
-  the replay holds fewer than ``dreamer.prefill`` steps per env (``acting.warmup``). Every
-  step goes into the sequence replay (``data.replay.SequenceReplay``) as ``{obs, action,
-  reward, is_first, is_terminal}`` in DreamerV3's convention: ``reward`` and ``is_terminal``
-  arrived with ``obs``, ``action`` was taken at it, and envpool's reset observation after an
-  episode's final one is ``is_first`` (its ignored action and zero reward are what the reset
-  convention of ``envs.types`` gives).
-* ``update_model`` is one jitted training step (``DreamerAgent.make_update``) on a sequence
-  batch from the replay; every ``report_every`` updates also open-loop predictions.
+* ``collect``: the acting layer's rollout of ``dreamer.steps_per_collect`` steps under the
+  agent's policy (each observation filtered into the model's state; uniformly random while
+  the replay holds fewer than ``dreamer.prefill`` steps per env), every step into the
+  sequence replay as ``{obs, action, reward, is_first, is_terminal}`` in DreamerV3's
+  convention (``reward`` and ``is_terminal`` arrived with ``obs``, ``action`` was taken at
+  it, envpool's reset observation after an episode's last one is ``is_first``);
+* ``update_model``: one training step of the world model and, unless CMA-ES, the
+  actor-critic in its imagination (``DreamerAgent.make_update``); every ``report_every``
+  updates also open-loop predictions;
+* ``evolve`` (``components.agent=cmaes``): one CMA-ES generation of a linear controller on
+  the model's features inside the model, from ``population x episodes`` states of replayed
+  sequences (``agents.cma_es.generation_in_model``); the policy acts at the search's mean.
+  With ``mppi`` the actor-critic learns as DreamerV3's and the policy plans in the model
+  (``DreamerAgent.planner``).
 
-``train_ratio`` (replayed steps per env step, as in the paper) is met by the train phase's
-``collect:M, update_model:K``: K / M updates per collect = train_ratio x env steps per collect
-/ (batch x length). ``phase_hooks`` derives M and K when the config leaves the hooks out
-(the loop fills them in; the config is not rewritten), and ``validate`` refuses a ratio those
-hooks cannot reach within 1%. The achieved ratio is logged as ``replay/train_ratio``.
-
-Seeds (``num_seeds`` N): learner, replay and counters get a leading seed axis, every jitted
-function is vmapped over it, and one pool of N x ``env.num_envs`` envs acts in groups.
-
-Action spaces: discrete (one-hot into the model) and continuous boxes, which the actor
-produces in [-1, 1] and the policy maps to the env's bounds.
+``train_ratio`` (replayed steps per env step) is met by the train phase's ``collect:M,
+update_model:K`` (``loop.ratio.TrainRatio``: derived when the config leaves the hooks out,
+refused when they miss it by over 1%), the achieved ratio logged as ``replay/train_ratio``.
+Seeds (``num_seeds`` N): every part of the state gets a leading seed axis, one pool of N x
+``env.num_envs`` envs acts in groups. Discrete actions enter the model one-hot; continuous
+ones, produced in [-1, 1], are mapped to the env's box.
 """
 
 from __future__ import annotations
 
-import fractions
-from functools import partial
+import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxwm import backend, parallel
-from jaxwm.agents import dreamer
-from jaxwm.algos import Capabilities
-from jaxwm.config import ConfigError, require
+from jaxwm.agents import cma_es, components, dreamer, mppi
+from jaxwm.algos import Capabilities, Entry
+from jaxwm.config import require
 from jaxwm.data.replay import SequenceReplay
 from jaxwm.envs import acting
 from jaxwm.envs.stats import episode_metrics
-from jaxwm.loop import phases, seeds
-from jaxwm.loop.algorithm import Algorithm, Hook
-from jaxwm.media import Video
-from jaxwm.models import rssm
-from jaxwm.ops import twohot
-
-MAX_HOOK_REPEATS = 64  # M of collect:M, update_model:K (collects per cycle)
-
-
-CAPABILITIES = Capabilities(
-    device_batches=lambda c: {"dreamer.batch_size": c.dreamer.batch_size})
+from jaxwm.loop import seeds
+from jaxwm.loop.algorithm import Algorithm, Hook, drop_actors
+from jaxwm.loop.compile import HookCompiler
+from jaxwm.loop.ratio import TrainRatio
+from jaxwm.models import protocol
 
 
 @struct.dataclass
@@ -62,118 +54,74 @@ class DreamerState:
     replay: SequenceReplay
     updates: jax.Array
     actor: acting.ActorState
+    evolution: Any = None  # CMA-ES's state (components.agent=cmaes)
 
 
-def ratio_hooks(config) -> tuple[int, int]:
-    """(M, K) with K / M = updates per collect closest to ``train_ratio``, M <= 64 collects
-    per cycle (K is whatever the ratio needs: dmc_proprio's 1024 with 16 envs gives K = 16)."""
+def train_ratio(config) -> TrainRatio:
     d = config.dreamer
-    per_collect = (d.train_ratio * config.env.num_envs * d.steps_per_collect
-                   / (d.batch_size * d.batch_length))
-    best = fractions.Fraction(per_collect).limit_denominator(MAX_HOOK_REPEATS)
-    return best.denominator, best.numerator
-
-
-def achieved_ratio(config, collects: int, updates: int) -> float:
-    d = config.dreamer
-    return updates * d.batch_size * d.batch_length / (collects * config.env.num_envs
-                                                       * d.steps_per_collect)
+    return TrainRatio(d.train_ratio, config.env.num_envs * d.steps_per_collect,
+                      d.batch_size * d.batch_length, name="dreamer.train_ratio")
 
 
 def phase_hooks(config) -> dict[str, tuple[str, ...]]:
     """The train phase's ``collect:M, update_model:K`` derived from ``dreamer.train_ratio``,
     for a config that leaves ``phases.train.hooks`` empty (``Algorithm.phase_hooks``)."""
-    m, k = ratio_hooks(config)
-    if k == 0:
-        raise ConfigError(
-            f"dreamer.train_ratio={config.dreamer.train_ratio} is below one update per "
-            f"{MAX_HOOK_REPEATS} collects; raise it, or set phases.train.hooks yourself.")
-    return {"train": (f"collect:{m}", f"update_model:{k}")}
-
-
-def _hook_repeats(hooks) -> dict:
-    """{hook name: calls per cycle} of a phase's hook list (``loop.phases`` syntax)."""
-    out = {}
-    for name, repeats in map(phases.parse_hook, hooks):
-        out[name] = out.get(name, 0) + repeats
-    return out
+    hooks = train_ratio(config).phase_hooks()
+    return {"train": hooks + (("evolve",) if config.components.agent == "cmaes" else ())}
 
 
 def validate(config) -> None:
-    d = config.dreamer
-    checks = [
-        (d.model_size in rssm.SIZES, f"dreamer.model_size={d.model_size!r} does not exist; "
-                                     f"choose one of {list(rssm.SIZES)}."),
-        (d.batch_length > 1, "dreamer.batch_length must be > 1."),
-        (d.train_ratio > 0, f"dreamer.train_ratio must be > 0, got {d.train_ratio}."),
-        (d.capacity // config.env.num_envs >= max(d.prefill, d.batch_length),
-         f"dreamer.capacity={d.capacity} transitions hold {d.capacity // config.env.num_envs} "
-         f"steps of each of the {config.env.num_envs} envs; they must hold dreamer.prefill "
-         f"({d.prefill}) and batch_length ({d.batch_length}) steps."),
-        (d.prefill >= d.batch_length, f"dreamer.prefill={d.prefill} must be >= batch_length "
-                                      f"{d.batch_length}: the first update samples sequences."),
-        (d.compute_dtype in ("float32", "bfloat16"),
-         f"dreamer.compute_dtype={d.compute_dtype!r}: choose 'float32' or 'bfloat16' "
-         "(bfloat16 pays off on accelerators; on a CPU it is slower)."),
-        (0 < d.report_context < d.report_length <= d.prefill,
-         "dreamer.report_context must be in (0, report_length) and report_length <= prefill."),
-        (d.twohot in twohot.SPACES, f"dreamer.twohot={d.twohot!r}: choose one of "
-                                    f"{twohot.SPACES} (symexp: the official code's bins)."),
-        (d.repval >= 0 and 0 <= d.actor_unimix < 1,
-         "dreamer.repval must be >= 0 and dreamer.actor_unimix in [0, 1)."),
-    ]
-    require(checks)
-    derived = phase_hooks(config)["train"]  # refuses a ratio no hooks can meet
+    require(dreamer.config_checks(config.dreamer, config.env.num_envs))
+    components.check(config, None)
     train = config.phases.get("train")
-    if train is not None:
-        repeats = _hook_repeats(tuple(train.hooks) or derived)
-        m, k = repeats.get("collect", 0), repeats.get("update_model", 0)
-        if m and k:
-            got = achieved_ratio(config, m, k)
-            if abs(got - d.train_ratio) > 0.01 * d.train_ratio:
-                best_m, best_k = ratio_hooks(config)
-                raise ConfigError(
-                    f"phases.train.hooks {tuple(train.hooks)} give a train ratio of {got:g}, "
-                    f"not dreamer.train_ratio={d.train_ratio}; leave the hooks empty to derive "
-                    f"them (nearest: collect:{best_m}, update_model:{best_k} gives "
-                    f"{achieved_ratio(config, best_m, best_k):g}), or change the ratio.")
+    train_ratio(config).check(tuple(train.hooks) if train is not None else ())
 
 
 def validate_env(config, spec) -> None:
-    """The observation and action spaces DreamerV3 can model."""
-    if spec.is_pixels and spec.obs_shape[1:] != (rssm.IMAGE_SIZE, rssm.IMAGE_SIZE):
-        raise ConfigError(
-            f"{spec.env_id}: images of {spec.obs_shape[1:]} pixels; the DreamerV3 encoder takes "
-            f"{rssm.IMAGE_SIZE}x{rssm.IMAGE_SIZE} (set env.img_height and env.img_width to "
-            f"{rssm.IMAGE_SIZE}).")
-    if (not spec.discrete and len(spec.action_shape) != 1) or \
-            (spec.discrete and spec.action_shape != ()):
-        kind = "discrete" if spec.discrete else "box"
-        raise ConfigError(f"{spec.env_id}: dreamer supports one discrete action or a flat box, "
-                          f"not a {kind} action of shape {spec.action_shape}.")
-    if len(spec.obs_shape) not in (1, 3):
-        raise ConfigError(f"{spec.env_id}: dreamer takes vector or image observations, not "
-                          f"shape {spec.obs_shape}.")
+    """The observation and action spaces the configured components can take."""
+    components.check(config, spec)
 
 
 def hook_counts(config) -> dict[str, dict[str, int]]:
     """What one call of each hook adds to each counter (``build``'s hooks and
     ``python -m jaxwm.train --dry_run``'s phase table: one source)."""
-    return {"collect": {"env_steps": config.env.num_envs * config.dreamer.steps_per_collect},
-            "update_model": {"model_updates": 1}}
+    counts = {"collect": {"env_steps": config.env.num_envs * config.dreamer.steps_per_collect},
+              "update_model": {"model_updates": 1}}
+    return {**counts, "evolve": {"generations": 1}} if config.components.agent == "cmaes" \
+        else counts
+
+
+def make_agent(config, spec):
+    """The learner (world model and, unless CMA-ES, its actor-critic), the policy acting in
+    the real env, its parameters in a state, and CMA-ES's strategy (else ``None``)."""
+    kind = config.components.agent
+    agent = dreamer.make(spec, config.dreamer, components.world_model(config, spec),
+                         learns_in_imagination=kind != "cmaes")
+    if kind == "imagination":
+        return agent, agent.policy(), lambda state: state.learner, None
+    if kind == "mppi":
+        hyper = mppi.MPPIHyper(**dict(config.mppi))
+        return agent, agent.planner(hyper), lambda state: state.learner, None
+    c = config.cmaes
+    controller = cma_es.Controller(agent.feat_dim, agent.action_dim)
+    evolution = cma_es.Evolution(controller.num_params, c.population, c.sigma)
+    policy = protocol.through_model(agent.world_model, lambda params: params["model"],
+                                    cma_es.controller_on_model(controller, agent.world_model),
+                                    agent.env_action)
+    return agent, policy, lambda state: {"model": state.learner.params["model"],
+                                         "controller": evolution.mean(state.evolution)}, \
+        evolution
 
 
 def build(config) -> Algorithm:
     d, num_envs = config.dreamer, config.env.num_envs  # envs per seed
     env = acting.make_pool(config)
     spec = env.spec
-    agent = dreamer.make(spec, d)
+    agent, policy, policy_params, evolution = make_agent(config, spec)
     # Data parallel as online SAC: acting runs on the process's first device; parameters,
     # optimiser and replay are replicated over the mesh, and each update's sequences are
     # split over its ``data`` axis.
-    mesh = parallel.data_mesh(config.num_devices or None)
-    over_seeds = partial(seeds.vmap, num_seeds=config.num_seeds)
-    policy = agent.policy()
+    compiler = HookCompiler.for_config(config)
 
     def finish(params, start, steps, final, completed):
         """One group's steps as replay records, in DreamerV3's convention: ``reward`` and
@@ -186,70 +134,111 @@ def build(config) -> Algorithm:
         return final.carry, ((records,), episode_metrics(completed))
 
     # Random actions until the replay holds the prefill.
-    actor = acting.Actor(env, policy, d.steps_per_collect, mesh=mesh, groups=config.num_seeds,
-                         finish=finish, warmup_transitions=d.prefill * num_envs)
+    actor = acting.Actor(env, policy, d.steps_per_collect, mesh=compiler.mesh,
+                         groups=config.num_seeds, finish=finish,
+                         warmup_transitions=d.prefill * num_envs)
 
-    def init(key):
+    def init_one(key):
+        k_learner, k_es = jax.random.split(key)
         example_obs = jnp.zeros((1,) + tuple(spec.obs_shape), spec.obs_dtype)
-        action = jnp.zeros((), jnp.int32) if spec.discrete else \
-            jnp.zeros(agent.action_dim)
+        action = jnp.zeros((), jnp.int32) if spec.discrete else jnp.zeros(agent.action_dim)
         example = {"obs": example_obs[0], "action": action, "reward": jnp.zeros(()),
                    "is_first": jnp.zeros((), bool), "is_terminal": jnp.zeros((), bool)}
-        learner, replay, updates = over_seeds(lambda k: (
-            agent.init(k, example_obs), SequenceReplay.create(d.capacity, example, num_envs),
-            jnp.zeros((), jnp.int32)))(key)
-        learner, replay, updates = parallel.replicate((learner, replay, updates), mesh)
-        return DreamerState(learner, replay, updates, actor.init(learner))
+        return DreamerState(agent.init(key if evolution is None else k_learner, example_obs),
+                            SequenceReplay.create(d.capacity, example, num_envs),
+                            jnp.zeros((), jnp.int32), None,
+                            None if evolution is None else evolution.init(k_es))
 
-    update = agent.make_update(mesh)
+    def init(key):
+        state = compiler.init(init_one)(key)
+        return state.replace(actor=actor.init(policy_params(state)))
 
-    def train(learner, replay, updates, key):
+    hooks = {"collect": Hook(actor.replay_hook(policy_params),
+                             counts=hook_counts(config)["collect"]),
+             "update_model": update_model_hook(config, agent, compiler)}
+    if evolution is not None:
+        hooks["evolve"] = evolve_hook(config, agent, evolution, compiler)
+    return Algorithm(name="DreamerV3" if config.algo == "dreamer" else
+                     "{world_model} + {agent}".format(**config.components), init=init,
+                     hooks=hooks, policy=policy, policy_params=policy_params,
+                     phase_hooks=phase_hooks(config), close=actor.close)
+
+
+def update_model_hook(config, agent, compiler) -> Hook:
+    """One training step of the learner on a replayed batch (the world model, and the
+    actor-critic in its imagination), and every ``report_every`` updates its open-loop
+    predictions."""
+    d, num_envs = config.dreamer, config.env.num_envs
+    update = agent.make_update(compiler.mesh)
+
+    def train(state, data, key):
         k_batch, k_loss = jax.random.split(key)
-        batch = replay.sample(k_batch, d.batch_size, d.batch_length)
-        learner, metrics = update(learner, batch, k_loss)
-        replayed = (updates + 1) * d.batch_size * d.batch_length
-        trained_steps = jnp.maximum(replay.added - d.prefill * num_envs, 1)
-        return learner, updates + 1, {**metrics, "replay/train_ratio": replayed / trained_steps}
+        batch = state.replay.sample(k_batch, d.batch_size, d.batch_length)
+        learner, metrics = update(state.learner, batch, k_loss)
+        updates = state.updates + 1
+        trained_steps = jnp.maximum(state.replay.added - d.prefill * num_envs, 1)
+        return state.replace(learner=learner, updates=updates), {}, {
+            **metrics, "replay/train_ratio": updates * d.batch_size * d.batch_length
+            / trained_steps}
 
-    _train = backend.jit(over_seeds(train), donate_argnums=(0, 2))
-
-    def report(learner, replay, key):
+    def report(state, data, key):
         k_batch, k_model = jax.random.split(key)
-        batch = replay.sample(k_batch, d.report_batch, d.report_length)
-        return agent.report(learner.params, batch, d.report_context, k_model, spec.is_pixels)
+        batch = state.replay.sample(k_batch, d.report_batch, d.report_length)
+        return state, {}, agent.report(state.learner.params, batch, d.report_context, k_model)
 
-    @backend.jit
-    def _report(learner, replay, key):
-        metrics = over_seeds(report)(learner, replay, key)
-        if config.num_seeds > 1:  # one video (seed 0's); the MSEs per seed
-            metrics = {k: jax.tree.map(lambda x: x[0], v) if isinstance(v, Video) else v
-                       for k, v in metrics.items()}
-        return metrics
-
+    train_hook = compiler.hook(train, counts=hook_counts(config)["update_model"])
+    _report = compiler.step(report, donate=False)
     updates_seen = {"count": None}  # host copy of state.updates: read once, then counted
 
-    def train_hook(state, data, key):
-        del data
-        learner, updates, metrics = _train(state.learner, state.replay, state.updates, key)
-        state = state.replace(learner=learner, updates=updates)
+    def hook(state, data, key):
+        state, outputs, metrics = train_hook.fn(state, data, key)
         if d.report_every > 0:
             if updates_seen["count"] is None:  # first call (or first after a resume)
-                updates_seen["count"] = int(jnp.ravel(updates)[0])
+                updates_seen["count"] = int(jnp.ravel(state.updates)[0])
             else:
                 updates_seen["count"] += 1
             if updates_seen["count"] % d.report_every == 0:
-                metrics = {**metrics, **_report(state.learner, state.replay,
-                                                seeds.fold_in(key, 1))}
-        return state, {}, metrics
+                _, _, report_metrics = _report(drop_actors(state), {}, seeds.fold_in(key, 1))
+                metrics = {**metrics, **report_metrics}
+        return state, outputs, metrics
 
-    return Algorithm(
-        name="DreamerV3",
-        init=init,
-        hooks={
-            "collect": Hook(actor.replay_hook(), counts=hook_counts(config)["collect"]),
-            "update_model": Hook(train_hook, counts=hook_counts(config)["update_model"]),
-        },
-        policy=policy,
-        phase_hooks=phase_hooks(config),
-        close=actor.close,
-    )
+    return dataclasses.replace(train_hook, fn=hook)
+
+
+def evolve_hook(config, agent, evolution, compiler) -> Hook:
+    """One CMA-ES generation in the world model, from states of replayed sequences."""
+    c, model = config.cmaes, agent.world_model
+    controller = cma_es.Controller(agent.feat_dim, agent.action_dim)
+    generation = cma_es.generation_in_model(evolution, controller, model, c.episodes,
+                                            c.max_steps)
+
+    def evolve(state, data, key):
+        k_starts, k_env, k_run = jax.random.split(key, 3)
+        params = state.learner.params["model"]
+        starts = protocol.replay_starts(model, params, state.replay, k_starts, c.start_batch,
+                                        config.dreamer.batch_length, c.population * c.episodes)
+        es, metrics = generation(state.evolution, params, starts, k_env, k_run)
+        return state.replace(evolution=es), {}, metrics
+
+    hook = compiler.hook(evolve, counts=hook_counts(config)["evolve"])
+
+    def evolve_and_release(state, data, key):
+        out = hook.fn(state, data, key)
+        cma_es.release(state.evolution, out[0].evolution)  # what it could not update in place
+        return out
+
+    return dataclasses.replace(hook, fn=evolve_and_release)
+
+
+ENTRY = Entry(
+    name="dreamer", build=build, validate=validate, hook_counts=hook_counts,
+    validate_env=validate_env, phase_hooks=phase_hooks, tiny="configs/dreamer.py:tiny",
+    capabilities=Capabilities(
+        device_batches=lambda c: {"dreamer.batch_size": c.dreamer.batch_size}),
+    resumable=("dreamer.learning_rate", "dreamer.agc"),
+    zero_means={"dreamer.report_every": "never", "dreamer.warmup": "no warm-up"})
+# The pairings of configs/pairing.py: the same wiring, other components.
+PAIRING = dataclasses.replace(
+    ENTRY, name="pairing", tiny="configs/pairing.py:tiny_rssm_mppi",
+    tiny_more=("configs/pairing.py:tiny_tdmpc2_imagination", "configs/pairing.py:tiny_rssm_cmaes"),
+    zero_means={**ENTRY.zero_means, "mppi.envs_per_batch": "every env at once"})

@@ -25,26 +25,21 @@ evaluation plans greedily whatever ``eval.temperature`` says (planning has no te
 
 from __future__ import annotations
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
 
-from jaxwm import backend, parallel
+from jaxwm import parallel
 from jaxwm.agents import shooting
-from jaxwm.algos import continuous_control
+from jaxwm.algos import Entry, continuous_control
 from jaxwm.config import require
 from jaxwm.data.replay import TransitionReplay
 from jaxwm.envs import acting
 from jaxwm.envs.stats import episode_metrics
-from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import Algorithm, Hook
+from jaxwm.loop.compile import HookCompiler
 from jaxwm.models import dynamics
-
-# The planner samples in the action box and its model predicts vector states.
-CAPABILITIES = continuous_control("mbrs.batch_size")
 
 
 @struct.dataclass
@@ -81,8 +76,8 @@ def build(config) -> Algorithm:
     low, high = jnp.asarray(env.spec.action_low), jnp.asarray(env.spec.action_high)
     model = dynamics.DynamicsMLP(obs_dim + 1, tuple(m.hidden))
     optimizer = optax.adam(m.learning_rate)
-    over_seeds = partial(seeds.vmap, num_seeds=config.num_seeds)
-    mesh = parallel.data_mesh(config.num_devices or None)
+    compiler = HookCompiler.for_config(config)
+    mesh = compiler.mesh
 
     def model_step(model_state):
         return lambda obs, action: dynamics.predict(model, model_state, obs, action)
@@ -94,14 +89,8 @@ def build(config) -> Algorithm:
         del start
         _, (model_state, _) = params  # (warm-up flag, (model, prior))
         flat, valid = acting.transitions(steps, final)
-        predicted, _ = dynamics.predict(model, model_state, flat["obs"], flat["action"])
-        weights = valid / jnp.maximum(jnp.sum(valid), 1)
-        sq = lambda x: jnp.sum(x**2, -1)  # noqa: E731
-        metrics = {
-            **episode_metrics(completed),
-            "model/fresh_one_step_mse": jnp.sum(weights * sq(predicted - flat["next_obs"])),
-            "model/zero_delta_mse": jnp.sum(weights * sq(flat["obs"] - flat["next_obs"])),
-        }
+        metrics = {**episode_metrics(completed),
+                   **dynamics.fresh_error(model, model_state, flat, valid)}
         kept = {k: flat[k] for k in ("obs", "action", "reward", "next_obs")}
         return final.carry, ((kept, valid), metrics)
 
@@ -111,68 +100,33 @@ def build(config) -> Algorithm:
     def init(key):
         example = {"obs": jnp.zeros(obs_dim), "action": jnp.zeros(action_dim),
                    "reward": jnp.zeros(()), "next_obs": jnp.zeros(obs_dim)}
-        state = over_seeds(lambda k: MBRSState(
+        state = compiler.init(lambda k: MBRSState(
             model=dynamics.init(model, optimizer, k, obs_dim, action_dim),
             replay=TransitionReplay.create(m.capacity, example),
             prior=shooting.SequencePrior.create(m.horizon, low, high), actor=None))(key)
-        state = parallel.replicate(state, mesh)
         return state.replace(actor=actor.init((state.model, state.prior)))
 
-    def update_model(state: MBRSState, key):
+    def update_model(state: MBRSState, data, key):
         k_fit, k_steps = jax.random.split(key)
-        model_state = dynamics.refit_normalizers(
-            state.model, state.replay.sample(k_fit, m.normalizer_samples))
+        model_state, metrics = dynamics.fit(
+            model, optimizer, state.model, lambda k: parallel.constrain_batch(
+                state.replay.sample(k, m.batch_size), mesh), k_steps, m.model_updates_per_call,
+            state.replay.sample(k_fit, m.normalizer_samples))
+        return state.replace(model=model_state), {}, metrics
 
-        def step(model_state, k):
-            batch = parallel.constrain_batch(state.replay.sample(k, m.batch_size), mesh)
-            return dynamics.train_step(model, optimizer, model_state, batch)
-
-        model_state, losses = jax.lax.scan(
-            step, model_state, jax.random.split(k_steps, m.model_updates_per_call))
-        return state.replace(model=model_state), {"losses/model_loss": jnp.mean(losses),
-                                                  "losses/model_loss_last": losses[-1]}
-
-    def imagine(state: MBRSState, key):
+    def imagine(state: MBRSState, data, key):
         k_obs, k_plan = jax.random.split(key)
-        starts = state.replay.sample(k_obs, m.imagine_batch)["obs"]
-        step_fn = model_step(state.model)
-        _, candidates, returns = jax.vmap(
-            lambda o, k: shooting.plan(step_fn, o, k, state.prior, m.num_candidates, low, high)
-        )(starts, jax.random.split(k_plan, m.imagine_batch))
-        elite = jax.vmap(shooting.elites, in_axes=(0, 0, None))(candidates, returns, m.num_elites)
-        n_uniform = m.num_candidates - m.num_candidates // 2
-        metrics = {
-            "imagine/best_return": jnp.mean(jnp.max(returns, -1)),
-            "imagine/mean_return": jnp.mean(returns),
-            "imagine/uniform_best_return": jnp.mean(jnp.max(returns[:, :n_uniform], -1)),
-            "imagine/prior_best_return": jnp.mean(jnp.max(returns[:, n_uniform:], -1)),
-        }
-        return elite.reshape((-1,) + elite.shape[2:]), metrics  # [batch * elites, H, A]
-
-    def update_agent(state: MBRSState, elites):
-        prior = shooting.refit_prior(state.prior, elites, m.prior_momentum, m.prior_min_std)
-        return state.replace(prior=prior), {"agent/prior_std": jnp.mean(prior.std),
-                                            "agent/prior_mean_abs": jnp.mean(jnp.abs(prior.mean))}
-
-    _update_model = backend.jit(over_seeds(update_model), donate_argnums=0)
-    _imagine = backend.jit(over_seeds(imagine))
-    _update_agent = backend.jit(over_seeds(update_agent), donate_argnums=0)
-
-    # The actor's state is the pool's, not a seed's: it stays out of the vmapped programs.
-    def update_model_hook(state, data, key):
-        del data
-        new, metrics = _update_model(state.replace(actor=None), key)
-        return new.replace(actor=state.actor), {}, metrics
-
-    def imagine_hook(state, data, key):
-        del data
-        elites, metrics = _imagine(state.replace(actor=None), key)
+        elites, metrics = shooting.imagined_elites(
+            model_step(state.model), state.replay.sample(k_obs, m.imagine_batch)["obs"], k_plan,
+            state.prior, m.num_candidates, m.num_elites, low, high)
         return state, {"elites": elites}, metrics  # reads the state; changes nothing in it
 
-    def update_agent_hook(state, data, key):
-        del key
-        new, metrics = _update_agent(state.replace(actor=None), data["elites"])
-        return new.replace(actor=state.actor), {}, metrics
+    def update_agent(state: MBRSState, data, key):
+        prior = shooting.refit_prior(state.prior, data["elites"], m.prior_momentum,
+                                     m.prior_min_std)
+        return state.replace(prior=prior), {}, {
+            "agent/prior_std": jnp.mean(prior.std),
+            "agent/prior_mean_abs": jnp.mean(jnp.abs(prior.mean))}
 
     counts = hook_counts(config)
     return Algorithm(
@@ -181,12 +135,19 @@ def build(config) -> Algorithm:
         hooks={
             "collect": Hook(actor.replay_hook(lambda state: (state.model, state.prior)),
                             counts=counts["collect"]),
-            "update_model": Hook(update_model_hook, counts=counts["update_model"]),
-            "imagine": Hook(imagine_hook, writes=("elites",)),
-            "update_agent": Hook(update_agent_hook, reads=("elites",),
-                                 counts=counts["update_agent"]),
+            "update_model": compiler.hook(update_model, counts=counts["update_model"]),
+            "imagine": compiler.hook(imagine, writes=("elites",)),
+            "update_agent": compiler.hook(update_agent, reads=("elites",),
+                                          counts=counts["update_agent"]),
         },
         policy=policy,
         policy_params=lambda state: (state.model, state.prior),
         close=actor.close,
     )
+
+
+ENTRY = Entry(name="mbrs", build=build, validate=validate, hook_counts=hook_counts,
+              tiny="configs/mbrs.py:tiny",
+              # The planner samples in the action box and its model predicts vector states.
+              capabilities=continuous_control("mbrs.batch_size"),
+              resumable=("mbrs.learning_rate",))

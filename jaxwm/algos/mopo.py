@@ -1,82 +1,56 @@
-"""Offline model-based RL: MOPO and GORMPO on a fixed dataset (``config.algo`` mopo | gormpo).
+"""Offline model-based RL: MOPO and GORMPO on a fixed dataset (``config.algo`` mopo | gormpo),
+the wiring of ``jaxwm.agents.mopo``'s pieces, the dynamics ensemble (``models.ensemble``),
+GORMPO's density (``models.realnvp``) and SAC's update (``agents.sac``). Hooks:
 
-MOPO (Yu et al. 2020, "MOPO: Model-based Offline Policy Optimization", algorithm 2) as
-OfflineRL-Kit runs it, and GORMPO (seed 002), which swaps MOPO's uncertainty penalty for a
-RealNVP density penalty. Hooks:
+* ``fit_density`` (GORMPO only, phase ``density``): one epoch of the RealNVP density on the
+  dataset's rows (shuffled minibatches, then the validation NLL and the snapshot/patience
+  rule); the phase ends early (``until=density_converged``) once it stops improving. The
+  density's split and key come from ``gormpo.density_seed`` alone, so every seed and every
+  run on the same data fits the same density; it is part of the state, checkpointed by the
+  loop like any other (MOPO leaves the phase out: ``phase_hooks``).
+* ``update_model``: one epoch of the dynamics ensemble on the dataset's training split; the
+  ``model`` phase ends early (``until=model_converged``) once no member has improved its
+  held-out MSE for ``mopo.model_patience`` epochs.
+* ``imagine``: one batch of penalised model rollouts (``agents.mopo.branch_rollout``) into a
+  model buffer that keeps the last ``mopo.retain_epochs`` batches.
+* ``update_agent``: ``mopo.updates_per_epoch`` SAC updates in one scan on batches of
+  ``real_ratio`` dataset transitions and the rest from the model buffer.
 
-* ``update_model``: one epoch of the dynamics ensemble (``jaxwm.models.ensemble``) on the
-  dataset's training split; the ``model`` phase ends early through the loop
-  (``until=model_converged``) once no member has improved its held-out MSE for
-  ``mopo.model_patience`` epochs.
-* ``imagine``: one batch of model rollouts (``branch_rollout``: the acting layer's one scan,
-  SAC's policy acting in the ensemble as an env, ``ensemble_env``; ``mopo.rollout_batch``
-  starts drawn from the dataset, ``mopo.horizon`` steps, the current actor's sampled
-  actions, a uniformly chosen elite per row and sampled predictions), stopping each row where
-  the env's termination rule (``jaxwm.models.termination``) says the episode ended. Rewards
-  are penalised: ``r - lambda * u`` with ``u`` MOPO's ``max over members of ||sigma||``
-  (eq. 7 with the "max aleatoric" estimator) or, for GORMPO, the density penalty of
-  ``penalty`` shape on the RealNVP log-probability. The transitions go to a model buffer that
-  keeps the last ``mopo.retain_epochs`` rollout batches.
-* ``update_agent``: ``mopo.updates_per_epoch`` SAC updates in one scan
-  (``jaxwm.agents.sac.make_update``) on batches of ``real_ratio`` dataset transitions and the
-  rest from the model buffer.
-
-One policy epoch is thus two compiled calls (rollout, then K updates); the host only
-schedules them. The dataset's transitions are a phase artifact (``jaxwm.loop.artifacts``): the
-run imports them into its directory when it starts, and a resume checks that the dataset file
-still holds them; hooks read all of them, on the device once (sharded over the mesh when
-large). The train/holdout split and bootstraps are read-only data. The ensemble, SAC learner
-and model buffer are the state, all of it checkpointed, so a resumed run continues exactly.
+What the hooks read besides the state is in ``offline_data``. The density, ensemble, SAC
+learner and model buffer are the state, all of it checkpointed: a resume continues exactly.
 
 Seeds (``num_seeds`` N): every part of the state gets a leading seed axis; seed k's split is
 drawn from the seed a one-seed run would have (``seeds.run_seeds``). With several seeds the
 model phase goes on until every seed's ensemble has converged, a converged one kept as it is.
-
-GORMPO's density model is fit once per dataset before training (``fit_density``: shuffled
-epochs, validation early stopping through ``jaxwm.models.patience``), cached on disk under
-``gormpo.cache_dir`` keyed by the dataset's contents, the density settings and
-``gormpo.density_seed``, and reused by later runs, resumes and every seed; it is read-only
-data.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-import os
 import warnings
-from collections.abc import Callable
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import serialization, struct
-from jax.sharding import NamedSharding, PartitionSpec
-from tqdm import tqdm
+from flax import struct
 
-from jaxwm import backend, parallel
-from jaxwm.agents import sac
-from jaxwm.algos import continuous_control
+from jaxwm import parallel
+from jaxwm.agents import mopo, sac
+from jaxwm.agents.mopo import UNCERTAINTY
+from jaxwm.algos import Entry, continuous_control
 from jaxwm.config import require
 from jaxwm.data.datasets import load_configured
 from jaxwm.data.replay import TransitionReplay
-from jaxwm.envs import acting
-from jaxwm.envs.types import StepResult
 from jaxwm.loop import seeds
-from jaxwm.loop.algorithm import Algorithm, Hook, learner_update
+from jaxwm.loop.algorithm import Algorithm
 from jaxwm.loop.artifacts import Artifact
+from jaxwm.loop.compile import HookCompiler
 from jaxwm.models import ensemble, realnvp, termination
 from jaxwm.models.dynamics import Normalizer
 
-UNCERTAINTY = "uncertainty"  # MOPO's penalty
 # Above this coefficient the (unbounded) inverse density penalty gets a warning.
 INVERSE_COEF_WARN = 0.1
 ALGOS = ("mopo", "gormpo")
-
-
-CAPABILITIES = continuous_control("sac.batch_size", "mopo.rollout_batch", "mopo.model_batch")
 
 
 @struct.dataclass
@@ -84,6 +58,8 @@ class MOPOState:
     model: ensemble.EnsembleState
     learner: sac.Learner
     buffer: TransitionReplay  # model rollouts
+    density: realnvp.DensityState | None  # GORMPO's
+    density_key: jax.Array | None
 
 
 def penalty_shape(config) -> str:
@@ -120,293 +96,138 @@ def validate(config) -> None:
             stacklevel=2)
 
 
-def sac_hyper(config) -> sac.SACHyper:
-    """SAC's settings; with ``mopo.actor_lr_cosine`` the actor's lr follows OfflineRL-Kit's
-    ``CosineAnnealingLR(T_max=epochs)``, stepped once per epoch of ``updates_per_epoch``."""
-    m, hyper = config.mopo, sac.SACHyper.from_config(config.sac)
-    if not m.actor_lr_cosine:
-        return hyper
-    epochs = max(1, config.phases.policy.duration // m.updates_per_epoch)
-    return dataclasses.replace(hyper, actor_lr_decay_steps=epochs,
-                               actor_lr_step_every=m.updates_per_epoch)
-
-
-def ensemble_spec(config, obs_dim: int, action_dim: int) -> ensemble.EnsembleSpec:
-    m = config.mopo
-    return ensemble.EnsembleSpec(obs_dim, action_dim, m.num_members, m.num_elites,
-                                 tuple(m.model_hidden), tuple(m.weight_decay), m.model_lr,
-                                 m.model_batch, weight_init=m.model_init)
-
-
-def density_spec(config, dim: int) -> realnvp.DensitySpec:
-    g = config.gormpo
-    return realnvp.DensitySpec(dim, g.num_couplings, tuple(g.hidden), g.learning_rate,
-                               g.batch_size, g.max_epochs, g.patience, g.threshold_quantile)
-
-
-def fit_density(config, x: np.ndarray) -> tuple[realnvp.DensitySpec, dict, Normalizer, float]:
-    """GORMPO's RealNVP on the dataset's (s, a) or (s', a) rows ``x``: loaded from the cache
-    when a model for the same data, settings and ``gormpo.density_seed`` is there; otherwise
-    trained (a progress bar per epoch) and saved. One density per dataset, shared by every
-    seed of a run and by every run on it (it describes the data, not an agent). Returns
-    (spec, params of the best epoch, scaler, threshold tau)."""
-    spec = density_spec(config, x.shape[1])
-    seed = config.gormpo.density_seed
-    digest = hashlib.sha1(np.ascontiguousarray(x, np.float32).tobytes())
-    digest.update(json.dumps({**dataclasses.asdict(spec), "seed": seed}).encode())
-    cache = os.path.join(os.path.expanduser(config.gormpo.cache_dir),
-                         f"realnvp-{digest.hexdigest()[:16]}.msgpack")
-    if os.path.exists(cache):
-        template = realnvp.init_density(spec, jax.random.key(0), Normalizer.identity(spec.dim))
-        try:
-            with open(cache, "rb") as f:
-                saved = serialization.from_bytes(
-                    {"params": template.params, "scaler": template.scaler, "tau": template.tau},
-                    f.read())
-        except Exception as e:  # noqa: BLE001 -- any unreadable cache is rebuilt, not fatal
-            aside = f"{cache}.unreadable"
-            try:
-                os.replace(cache, aside)
-            except FileNotFoundError:  # another run sharing the cache moved it first
-                pass
-            tqdm.write(f"GORMPO density cache {cache} cannot be read ({type(e).__name__}: "
-                       f"{str(e)[:120]}); moved to {aside} and training the density again.")
-        else:
-            tqdm.write(f"GORMPO density model loaded from {cache}.")
-            return spec, saved["params"], saved["scaler"], float(saved["tau"])
-
-    rng = np.random.default_rng(seed)
-    train, val, _ = realnvp.split_indices(len(x), rng)
-    xs = jnp.asarray(x)
-    state = realnvp.init_density(spec, jax.random.key(seed), Normalizer.fit(xs[train]))
-    epoch = backend.jit(partial(realnvp.train_density_epoch, spec), donate_argnums=0)
-    key = jax.random.key(seed + 1)
-    with tqdm(range(spec.max_epochs), desc="GORMPO density (RealNVP)", unit="epoch",
-              disable=not config.log.progress) as bar:
-        for _ in bar:
-            key, k = jax.random.split(key)
-            state, metrics = epoch(state, xs, jnp.asarray(train), jnp.asarray(val), k)
-            bar.set_postfix(val_nll=f"{float(metrics['density/val_nll']):.3f}")
-            if not np.isfinite(float(metrics["density/val_nll"])):
-                raise FloatingPointError("The RealNVP density's validation NLL is not finite; "
-                                         "lower --config.gormpo.learning_rate.")
-            if bool(state.patience.exhausted(spec.patience)):
-                break
-    saved = {"params": state.patience.best_params, "scaler": state.scaler, "tau": state.tau}
-    os.makedirs(os.path.dirname(cache), exist_ok=True)
-    with open(cache + ".partial", "wb") as f:
-        f.write(serialization.to_bytes(saved))
-    os.replace(cache + ".partial", cache)
-    tqdm.write(f"GORMPO density model: {int(state.epochs)} epochs, best validation NLL "
-               f"{float(state.patience.best_loss):.3f}, tau {float(state.tau):.3f}; saved to "
-               f"{cache}.")
-    return spec, saved["params"], saved["scaler"], float(state.tau)
-
-
-def model_split(config, num: int, seed: int) -> dict[str, np.ndarray]:
-    """A run's train/holdout split of the dataset's ``num`` transitions and each member's
-    bootstrap resample of the training split, drawn from ``seed``."""
-    rng = np.random.default_rng(seed)
-    train_index, holdout_index = ensemble.split_indices(num, rng)
-    bootstrap = rng.integers(0, len(train_index),
-                             size=(config.mopo.num_members, len(train_index)))
-    return {"train": train_index.astype(np.int32), "bootstrap": bootstrap.astype(np.int32),
-            "holdout": holdout_index.astype(np.int32)}
-
-
-def ensemble_env(model_spec: ensemble.EnsembleSpec, model, penalty: Callable,
-                 terminated_fn: Callable, coef: float) -> acting.EnvStep:
-    """The dynamics ensemble as an env (``acting.sync``), the acting layer's learned-model
-    case. Its state is ``(obs, alive, key, totals)``; each step samples a random elite's
-    prediction (``ensemble.sample_step``) and returns the reward penalised by ``coef * u``,
-    ``u = penalty(std, obs, action, next_obs)``, the raw reward as ``raw_reward``.
-
-    A row that the termination rule ends stays ended (``terminated`` on every later row): MOPO
-    stops a rollout there rather than starting another, so each of its later steps is a reset
-    transition that ``acting.transitions`` marks invalid. ``totals`` sums the raw reward and
-    ``u`` over the rows still alive, for the metrics."""
-
-    def step(env_state, action):
-        obs, alive, key, totals = env_state
-        key, k_model = jax.random.split(key)
-        next_obs, reward, std = ensemble.sample_step(model_spec, model, obs, action, k_model)
-        u = penalty(std, obs, action, next_obs)
-        ended = alive & terminated_fn(obs, action, next_obs)
-        live = lambda x: jnp.sum(jnp.where(alive, x, 0.0))  # noqa: E731
-        totals = totals + jnp.stack([live(reward), live(u)])
-        rows = StepResult(obs=next_obs, reward=reward - coef * u, terminated=~alive | ended,
-                          truncated=jnp.zeros_like(alive), episode_over=ended,
-                          raw_reward=reward)
-        return (next_obs, alive & ~ended, key, totals), rows
-
-    return acting.sync(step)
-
-
-def branch_rollout(model_spec: ensemble.EnsembleSpec, model, policy: acting.Policy, params,
-                   obs: jax.Array, key: jax.Array, horizon: int, penalty: Callable,
-                   terminated_fn: Callable, coef: float):
-    """MOPO's model rollouts (Yu et al. 2020, algorithm 2, lines 5-9): ``horizon`` steps of
-    ``policy`` (with ``params``) in ``ensemble_env`` from the start states ``obs`` ``[N, d]``,
-    one ``acting.rollout``. Returns ``(transitions, valid, metrics)``: the transitions
-    ``[horizon * N]`` (time-major, rewards penalised), ``valid`` False from a row's
-    termination on, and the means over valid transitions of the raw reward, ``u`` and the
-    penalised reward, with the mean rollout length."""
-    n = obs.shape[0]
-    k_model, k_act = jax.random.split(key)
-    zeros, alive = jnp.zeros(n, jnp.float32), jnp.ones(n, bool)
-    first = StepResult(obs=obs, reward=zeros, terminated=~alive, truncated=~alive,
-                       episode_over=~alive, raw_reward=zeros)
-    start = acting.ActorState.start(first, policy.init_carry(params, n), n)
-    env_state = (obs, alive, k_model, jnp.zeros(2, jnp.float32))
-    env = ensemble_env(model_spec, model, penalty, terminated_fn, coef)
-    final, (_, _, _, totals), steps, _ = acting.rollout(policy, env, params, start, env_state,
-                                                          k_act, horizon)
-    batch, valid = acting.transitions(steps, final)
-    count = jnp.maximum(jnp.sum(valid), 1)
-    metrics = {"rollout/raw_reward": totals[0] / count, "rollout/penalty": totals[1] / count,
-               "rollout/penalised_reward": jnp.sum(jnp.where(valid, batch["reward"], 0.0))
-               / count,
-               "rollout/length": jnp.sum(valid).astype(jnp.float32) / n}
-    return batch, valid, metrics
-
-
 def hook_counts(config) -> dict[str, dict[str, int]]:
     """What one call of each hook adds to each counter (``build``'s hooks and
     ``python -m jaxwm.train --dry_run``'s phase table: one source)."""
-    return {"update_model": {"model_epochs": 1}, "imagine": {"model_rollouts": 1},
-            "update_agent": {"agent_updates": config.mopo.updates_per_epoch}}
+    counts = {"update_model": {"model_epochs": 1}, "imagine": {"model_rollouts": 1},
+              "update_agent": {"agent_updates": config.mopo.updates_per_epoch}}
+    return {"fit_density": {"density_epochs": 1}, **counts} if config.algo == "gormpo" \
+        else counts
 
 
-def build(config) -> Algorithm:
-    m, s = config.mopo, config.sac
-    dataset, spec = load_configured(config)
-    box = sac.ActionBox(np.asarray(spec.action_low), np.asarray(spec.action_high))
-    obs_dim, action_dim = dataset.obs_dim, dataset.action_dim
-    terminated_fn = termination.termination_fn(config.env.id)
-    model_spec = ensemble_spec(config, obs_dim, action_dim)
-    nets = sac.SACNets.from_config(box, s)
-    policy = sac.policy(nets)
-    hyper = sac_hyper(config)
-    shape, coef = penalty_shape(config), float(config.penalty_coef)
-    over_seeds = partial(seeds.vmap, num_seeds=config.num_seeds)
+def phase_hooks(config) -> dict[str, tuple[str, ...]]:
+    """GORMPO fits its density in phase ``density``; MOPO, which has none, leaves it out."""
+    return {"density": ("fit_density",) if config.algo == "gormpo" else ()}
 
-    mesh = parallel.data_mesh(config.num_devices or None)
-    constrain = partial(parallel.constrain_batch, mesh=mesh)
-    member_batches = NamedSharding(mesh, PartitionSpec(None, parallel.DATA_AXIS))
-    constrain_members = (lambda x: jax.lax.with_sharding_constraint(x, member_batches)) \
-        if mesh.size > 1 else (lambda x: x)
 
-    # The transitions: a phase artifact the run imports when it starts and keeps (a resume
-    # trains on the rows the run began with); hooks read all of it, on the device.
+def offline_data(config, dataset, mesh):
+    """What the hooks read besides the state: the dataset's transitions, a phase artifact the
+    run imports when it starts and keeps (a resume trains on the rows the run began with),
+    read whole on the device; each seed's train/holdout split and bootstraps (seed k draws
+    them as a run with seed + k * env.num_envs would) and, for GORMPO, the density's split
+    (from its own seed), read-only data. Also each seed's ensemble input scaler and the
+    density's (``None`` for MOPO)."""
+    g = config.gormpo
     arrays = {k: np.asarray(v, np.float32) for k, v in dataset.transitions.items()}
     artifacts = {"dataset": Artifact(example={k: v[0] for k, v in arrays.items()},
                                      source=lambda: arrays,
                                      place=partial(parallel.put_readonly, mesh=mesh))}
-    # Read-only data: each seed's train/holdout split and bootstraps (seed k draws them as a
-    # run with seed + k * env.num_envs would).
-    splits = [model_split(config, len(dataset), seed) for seed in seeds.run_seeds(config)]
-    split = seeds.stack(splits)
+    splits = [mopo.model_split(len(dataset), config.mopo.num_members, seed)
+              for seed in seeds.run_seeds(config)]
     scaler = seeds.stack([Normalizer.fit(jnp.asarray(ensemble.inputs(
         arrays["obs"][sp["train"]], arrays["action"][sp["train"]]))) for sp in splits])
-    data = {"model_split": parallel.replicate(jax.tree.map(jnp.asarray, split), mesh)}
-    if config.algo == "gormpo":
-        # The density describes the rows it scores: (s', a) where the penalty scores the
-        # predicted next state (GORMPO's code fits its RealNVP on next_observations), else (s, a).
-        states = arrays["next_obs"] if config.gormpo.score_next_state else arrays["obs"]
-        d_spec, d_params, d_scaler, tau = fit_density(
-            config, np.concatenate([states, arrays["action"]], 1))
-        data["density"] = parallel.replicate({"params": d_params, "scaler": d_scaler,
-                                              "tau": jnp.float32(tau)}, mesh)
+    data = {"model_split": parallel.replicate(jax.tree.map(jnp.asarray, seeds.stack(splits)),
+                                              mesh)}
+    if config.algo != "gormpo":
+        return artifacts, data, scaler, None
+    train, val, _ = realnvp.split_indices(len(dataset), np.random.default_rng(g.density_seed))
+    data["density_split"] = parallel.replicate({"train": jnp.asarray(train),
+                                                "val": jnp.asarray(val)}, mesh)
+    rows = np.asarray(mopo.density_rows(arrays, g.score_next_state))
+    return artifacts, data, scaler, Normalizer.fit(jnp.asarray(rows[train]))
 
-    def reward_penalty(std, obs, action, next_obs, density):
-        if shape == UNCERTAINTY:  # max over members of the std's norm (MOPO eq. 7)
-            return jnp.max(jnp.linalg.norm(std, axis=-1), 0)
-        scored = next_obs if config.gormpo.score_next_state else obs
-        logp = realnvp.log_prob(d_spec, density["params"], density["scaler"],
-                                jnp.concatenate([scored, action], -1))
-        return realnvp.penalty(shape, logp, density["tau"])
 
-    def init(key):
+def build(config) -> Algorithm:
+    m, s, g = config.mopo, config.sac, config.gormpo
+    dataset, spec = load_configured(config)
+    box = sac.ActionBox(np.asarray(spec.action_low), np.asarray(spec.action_high))
+    obs_dim, action_dim = dataset.obs_dim, dataset.action_dim
+    model_spec = mopo.ensemble_spec(config, obs_dim, action_dim)
+    nets = sac.SACNets.from_config(box, s)
+    hyper = mopo.sac_hyper(config)
+    shape, gormpo = penalty_shape(config), config.algo == "gormpo"
+    compiler = HookCompiler.for_config(config)
+    mesh = compiler.mesh
+    constrain_members = parallel.batch_on_axis(mesh, 1)  # [members, batch]
+    artifacts, data, scaler, d_scaler = offline_data(config, dataset, mesh)
+    d_spec = mopo.density_spec(config, obs_dim + action_dim)
+
+    def init_one(key, scaler):
+        k_model, k_agent = jax.random.split(key)
         example = {"obs": jnp.zeros(obs_dim), "action": jnp.zeros(action_dim),
                    "reward": jnp.zeros(()), "next_obs": jnp.zeros(obs_dim),
                    "terminated": jnp.zeros((), bool)}
+        density = None if d_scaler is None else realnvp.init_density(
+            d_spec, jax.random.PRNGKey(g.density_seed), d_scaler)
+        return MOPOState(
+            ensemble.init(model_spec, k_model, scaler),
+            sac.init_learner(nets, hyper, k_agent, obs_dim),
+            TransitionReplay.create(m.rollout_batch * m.horizon * m.retain_epochs, example),
+            density, jax.random.PRNGKey(g.density_seed + 1) if gormpo else None)
 
-        def one(key, scaler):
-            k_model, k_agent = jax.random.split(key)
-            return MOPOState(
-                model=ensemble.init(model_spec, k_model, scaler),
-                learner=sac.init_learner(nets, hyper, k_agent, obs_dim),
-                buffer=TransitionReplay.create(m.rollout_batch * m.horizon * m.retain_epochs,
-                                               example))
+    def init(key):
+        return compiler.init(init_one)(key, scaler)
 
-        return parallel.replicate(over_seeds(one)(key, scaler), mesh)
+    def fit_density(state, data, key):
+        del key  # the density's own key: one density per dataset and density_seed
+        density_key, k = jax.random.split(state.density_key)
+        split = data["density_split"]
+        density, metrics = realnvp.train_density_epoch(
+            d_spec, state.density, mopo.density_rows(data["dataset"], g.score_next_state),
+            split["train"], split["val"], k)
+        return state.replace(density=density, density_key=density_key), {}, metrics
 
-    def model_epoch(state: MOPOState, dataset_arrays, split, key):
-        model, metrics = ensemble.train_epoch(model_spec, state.model, dataset_arrays,
-                                              split["train"], split["bootstrap"],
-                                              split["holdout"], key, constrain_members)
-        # A seed whose ensemble has converged keeps it: with several seeds the phase goes on
-        # until all have (a seed's model is then the one its own run would have kept).
-        done = state.model.patience.exhausted(m.model_patience)
-        model = jax.tree.map(lambda old, new: jnp.where(done, old, new), state.model, model)
-        return state.replace(model=model), metrics
+    def update_model(state, data, key):
+        model, metrics = mopo.model_epoch(model_spec, state.model, data["dataset"],
+                                          data["model_split"], key, m.model_patience,
+                                          constrain_members)
+        return state.replace(model=model), {}, metrics
 
-    def rollout(state: MOPOState, dataset_arrays, density, key):
-        k_start, k_rollout = jax.random.split(key)
-        starts = jax.random.randint(k_start, (m.rollout_batch,), 0,
-                                    dataset_arrays["obs"].shape[0])
-        batch, valid, metrics = branch_rollout(
-            model_spec, state.model, policy, state.learner,
-            constrain(dataset_arrays["obs"][starts]), k_rollout, m.horizon,
-            lambda *rows: reward_penalty(*rows, density), terminated_fn, coef)
-        buffer = state.buffer.add(batch, valid)
-        metrics["rollout/buffer_size"] = buffer.size.astype(jnp.float32)
-        return state.replace(buffer=buffer), metrics
+    policy = sac.policy(nets)
+    terminated_fn = termination.termination_fn(config.env.id)
 
-    real_batch = int(round(s.batch_size * m.real_ratio))
+    def imagine(state, data, key):
+        penalty = mopo.reward_penalty(shape, d_spec, state.density, g.score_next_state)
+        buffer, metrics = mopo.imagine_into(
+            state.buffer, model_spec, state.model, policy, state.learner, data["dataset"],
+            key, m.rollout_batch, m.horizon, penalty, terminated_fn,
+            float(config.penalty_coef), partial(parallel.constrain_batch, mesh=mesh))
+        return state.replace(buffer=buffer), {}, metrics
 
-    def mixed_batch(source, key):
-        buffer, dataset_arrays = source
-        k_real, k_model = jax.random.split(key)
-        real_index = jax.random.randint(k_real, (real_batch,), 0,
-                                        dataset_arrays["obs"].shape[0])
-        real = {k: dataset_arrays[k][real_index] for k in buffer.data}
-        model = buffer.sample(k_model, s.batch_size - real_batch)
-        return jax.tree.map(lambda a, b: jnp.concatenate([a, b.astype(a.dtype)]), real, model)
+    real = int(round(s.batch_size * m.real_ratio))
+    sac_updates = sac.make_update(nets, hyper, lambda source, key: mopo.mixed_batch(
+        *source, s.batch_size, real, key), m.updates_per_epoch, mesh)
 
-    sac_updates = sac.make_update(nets, hyper, mixed_batch, m.updates_per_epoch, mesh)
-    # Per seed: the state, its split and key; the dataset and density are shared.
-    _model_epoch = backend.jit(over_seeds(model_epoch, in_axes=(0, None, 0, 0)),
-                               donate_argnums=0)
-    _rollout = backend.jit(over_seeds(rollout, in_axes=(0, None, None, 0)), donate_argnums=0)
-    _sac_updates = backend.jit(over_seeds(lambda learner, buffer, arrays, key: sac_updates(
-        learner, (buffer, arrays), key), in_axes=(0, 0, None, 0)), donate_argnums=0)
+    def update_agent(state, data, key):
+        learner, metrics = sac_updates(state.learner, (state.buffer, data["dataset"]), key)
+        return state.replace(learner=learner), {}, metrics
 
-    def update_model_hook(state, data, key):
-        state, metrics = _model_epoch(state, data["dataset"], data["model_split"], key)
-        return state, {}, metrics
+    counts, shared = hook_counts(config), ("dataset", "density_split")
+    reads = {"fit_density": ("dataset", "density_split"), "update_model": ("dataset",
+             "model_split"), "imagine": ("dataset",), "update_agent": ("dataset",)}
+    hooks = {name: compiler.hook(fn, counts=counts[name], reads=reads[name], shared=shared)
+             for name, fn in (("fit_density", fit_density), ("update_model", update_model),
+                              ("imagine", imagine), ("update_agent", update_agent))
+             if name in counts}
+    predicates = {"model_converged": lambda state: jnp.all(
+        state.model.patience.exhausted(m.model_patience))}
+    if gormpo:
+        predicates["density_converged"] = lambda state: jnp.all(
+            state.density.patience.exhausted(d_spec.patience))
+    return Algorithm(name=config.algo.upper(), init=init, hooks=hooks, data=data,
+                     artifacts=artifacts, predicates=predicates, policy=policy,
+                     phase_hooks=phase_hooks(config), score_reference=dataset.reference_returns)
 
-    def imagine_hook(state, data, key):
-        state, metrics = _rollout(state, data["dataset"], data.get("density"), key)
-        return state, {}, metrics
 
-    rollout_reads = ("dataset", "density") if "density" in data else ("dataset",)
-    counts = hook_counts(config)
-    return Algorithm(
-        name=config.algo.upper(),
-        init=init,
-        hooks={
-            "update_model": Hook(update_model_hook, counts=counts["update_model"],
-                                 reads=("dataset", "model_split")),
-            "imagine": Hook(imagine_hook, counts=counts["imagine"], reads=rollout_reads),
-            "update_agent": Hook(learner_update(_sac_updates, lambda state, data: (
-                state.buffer, data["dataset"])), reads=("dataset",),
-                                 counts=counts["update_agent"]),
-        },
-        data=data,
-        artifacts=artifacts,
-        predicates={"model_converged": lambda state: jnp.all(
-            state.model.patience.exhausted(m.model_patience))},
-        policy=policy,
-        score_reference=dataset.reference_returns,
-    )
+# The configs of both hold GORMPO's block (``configs/mopo.py``); MOPO leaves it unused.
+_SHARED = dict(
+    build=build, validate=validate, hook_counts=hook_counts, phase_hooks=phase_hooks,
+    offline=True,
+    capabilities=continuous_control("sac.batch_size", "mopo.rollout_batch", "mopo.model_batch"),
+    resumable=("sac.actor_lr", "sac.critic_lr", "sac.alpha_lr", "mopo.model_lr"),
+    fixed={"gormpo.learning_rate": "GORMPO's density model is fit once, before training, and "
+                                   "scores every rollout of the run; another rate would fit "
+                                   "another model (start a new run)"},
+    zero_means={"gormpo.density_seed": "a seed"})
+MOPO = Entry(name="mopo", tiny="configs/mopo.py:tiny", **_SHARED)
+GORMPO = Entry(name="gormpo", tiny="configs/mopo.py:tiny_gormpo", **_SHARED)

@@ -50,13 +50,13 @@ import numpy as np
 from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxwm import backend, parallel
+from jaxwm import parallel
 from jaxwm.agents import ppo
-from jaxwm.algos import Capabilities
+from jaxwm.algos import Capabilities, Entry
 from jaxwm.config import ConfigError, pool_is_async
 from jaxwm.envs import acting
-from jaxwm.loop import seeds
-from jaxwm.loop.algorithm import Algorithm, Hook, learner_update
+from jaxwm.loop.algorithm import Algorithm, Hook
+from jaxwm.loop.compile import HookCompiler
 from jaxwm.nets import backbones
 from jaxwm.nets.actor_critic import make_actor_critic
 from jaxwm.nets.actor_critic import validate as validate_network
@@ -97,10 +97,6 @@ def device_batches(config) -> dict[str, int]:
     if pool_is_async(config):
         batches["env.batch_size"] = config.env.batch_size
     return batches
-
-
-# Every capability: seeds, several processes, envpool's asynchronous pools.
-CAPABILITIES = Capabilities(device_batches=device_batches, cannot={})
 
 
 def validate_env(config, spec) -> None:
@@ -177,7 +173,8 @@ def build(config) -> Algorithm:
     hyper = ppo.PPOHyper.from_config(config.ppo, recurrent=network.has_memory)
     optimizer = ppo.make_optimizer(config.ppo, anneal_updates(config),
                                    backbones.learning_rate_scale(config.network))
-    mesh = parallel.data_mesh(config.num_devices or None)
+    compiler = HookCompiler.for_config(config)
+    mesh = compiler.mesh
     multi_device = mesh.size > 1
     actor = acting.Actor(env, ppo.policy(network, hyper), hyper.num_steps, mesh=mesh,
                          groups=num_seeds, finish=ppo.make_finish(network, hyper),
@@ -187,13 +184,10 @@ def build(config) -> Algorithm:
     rollout_sharding = NamedSharding(mesh, env_axis)
     update = ppo.make_update(network, hyper, optimizer,
                              ppo.resolve_loop_form(config.ppo.loop_form), mesh)
-    update = backend.jit(seeds.vmap(update, num_seeds), donate_argnums=0)
 
     def init(key):
-        learner = seeds.vmap(lambda k: ppo.init_learner(network, optimizer, spec, k, rows),
-                             num_seeds)(key)
-        if multi_device:
-            learner = parallel.replicate(learner, mesh)
+        learner = compiler.init(lambda k: ppo.init_learner(network, optimizer, spec, k, rows))(
+            key)
         return PPOState(learner, actor.init(learner))
 
     def collect_hook(state, data, key):
@@ -221,10 +215,12 @@ def build(config) -> Algorithm:
         learner = state.learner.replace(obs_rms=statistics[0], return_rms=statistics[1])
         return PPOState(learner, actor_state), {"rollout": rollout}, metrics
 
-    def rollout_of(state, data):  # each process's rollout: its slice of the global batch
-        if multi_device:
-            return (parallel.global_batch(data["rollout"], rollout_sharding),)
-        return (data["rollout"],)
+    def update_agent(state, data, key):
+        learner, metrics = update(state.learner, data["rollout"], key)
+        return state.replace(learner=learner), {}, metrics
+
+    def place(data):  # each process's rollout: its slice of the global batch
+        return {"rollout": parallel.global_batch(data["rollout"], rollout_sharding)}
 
     return Algorithm(
         name="PPO",
@@ -232,9 +228,18 @@ def build(config) -> Algorithm:
         hooks={
             "collect": Hook(collect_hook, counts=hook_counts(config)["collect"],
                             writes=("rollout",)),
-            "update_agent": Hook(learner_update(update, rollout_of), reads=("rollout",),
-                                 counts=hook_counts(config)["update_agent"]),
+            "update_agent": compiler.hook(update_agent, counts=hook_counts(config)["update_agent"],
+                                          reads=("rollout",), place=place if multi_device else None),
         },
         policy=ppo.policy(network, hyper),
         close=actor.close,
     )
+
+
+ENTRY = Entry(
+    name="ppo", build=build, validate=validate, hook_counts=hook_counts,
+    validate_env=validate_env, tiny="configs/ppo.py:tiny",
+    # Every capability: seeds, several processes, envpool's asynchronous pools.
+    capabilities=Capabilities(device_batches=device_batches, cannot={}),
+    resumable=("ppo.learning_rate", "ppo.max_grad_norm"),
+    zero_means={"ppo.anneal_env_steps": "no annealing"})

@@ -19,23 +19,18 @@ the ``data`` axis (gradients all-reduced by XLA).
 
 from __future__ import annotations
 
-from functools import partial
-
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxwm import backend, parallel
 from jaxwm.agents import sac
-from jaxwm.algos import continuous_control
+from jaxwm.algos import Entry, continuous_control
 from jaxwm.config import require
 from jaxwm.data.replay import TransitionReplay
 from jaxwm.envs import acting
 from jaxwm.envs.stats import episode_metrics
-from jaxwm.loop import seeds
-from jaxwm.loop.algorithm import Algorithm, Hook, learner_update
-
-CAPABILITIES = continuous_control("sac.batch_size")
+from jaxwm.loop.algorithm import Algorithm, Hook
+from jaxwm.loop.compile import HookCompiler
 
 
 @struct.dataclass
@@ -77,37 +72,37 @@ def build(config) -> Algorithm:
     box = sac.ActionBox(np.asarray(env.spec.action_low), np.asarray(env.spec.action_high))
     nets = sac.SACNets.from_config(box, s)
     hyper = sac.SACHyper.from_config(s)
-    mesh = parallel.data_mesh(config.num_devices or None)
-    num_updates = updates_per_collect(config)
+    compiler = HookCompiler.for_config(config)
     policy = sac.policy(nets)
-    actor = acting.Actor(env, policy, s.steps_per_collect, mesh=mesh, groups=config.num_seeds,
-                         finish=finish, warmup_transitions=s.learning_starts)
+    actor = acting.Actor(env, policy, s.steps_per_collect, mesh=compiler.mesh,
+                         groups=config.num_seeds, finish=finish,
+                         warmup_transitions=s.learning_starts)
+    update = sac.make_update(nets, hyper, lambda replay, key: replay.sample(key, hyper.batch_size),
+                             updates_per_collect(config), compiler.mesh)
 
-    def sample(replay, key):
-        return replay.sample(key, hyper.batch_size)
-
-    over_seeds = partial(seeds.vmap, num_seeds=config.num_seeds)
-    _update = backend.jit(over_seeds(sac.make_update(nets, hyper, sample, num_updates, mesh)),
-                          donate_argnums=0)
-
-    def init(key):
+    def init_one(key):
         example = {"obs": jnp.zeros(obs_dim), "action": jnp.zeros(box.low.shape),
                    "reward": jnp.zeros(()), "next_obs": jnp.zeros(obs_dim),
                    "terminated": jnp.zeros((), bool)}
-        learner, replay = over_seeds(lambda k: (
-            sac.init_learner(nets, hyper, k, obs_dim),
-            TransitionReplay.create(s.capacity, example)))(key)
-        learner, replay = parallel.replicate((learner, replay), mesh)
-        return SACState(learner, replay, actor.init(learner))
+        return SACState(sac.init_learner(nets, hyper, key, obs_dim),
+                        TransitionReplay.create(s.capacity, example), None)
 
+    def init(key):
+        state = compiler.init(init_one)(key)
+        return state.replace(actor=actor.init(state.learner))
+
+    def update_agent(state, data, key):
+        learner, metrics = update(state.learner, state.replay, key)
+        return state.replace(learner=learner), {}, metrics
+
+    counts = hook_counts(config)
     return Algorithm(
-        name="SAC",
-        init=init,
-        hooks={
-            "collect": Hook(actor.replay_hook(), counts=hook_counts(config)["collect"]),
-            "update_agent": Hook(learner_update(_update, lambda state, data: (state.replay,)),
-                                 counts=hook_counts(config)["update_agent"]),
-        },
-        policy=policy,
-        close=actor.close,
-    )
+        name="SAC", init=init,
+        hooks={"collect": Hook(actor.replay_hook(), counts=counts["collect"]),
+               "update_agent": compiler.hook(update_agent, counts=counts["update_agent"])},
+        policy=policy, close=actor.close)
+
+
+ENTRY = Entry(name="sac", build=build, validate=validate, hook_counts=hook_counts,
+              tiny="configs/sac.py:tiny", capabilities=continuous_control("sac.batch_size"),
+              resumable=("sac.actor_lr", "sac.critic_lr", "sac.alpha_lr"))

@@ -27,23 +27,18 @@ each update's batch is split over its ``data`` axis.
 
 from __future__ import annotations
 
-from functools import partial
-
 import jax.numpy as jnp
 from flax import struct
 
-from jaxwm import backend, parallel
 from jaxwm.agents import tdmpc2
-from jaxwm.algos import continuous_control
+from jaxwm.algos import Entry, continuous_control
 from jaxwm.config import ConfigError, require
 from jaxwm.data.replay import SequenceReplay
 from jaxwm.envs import acting
 from jaxwm.envs.stats import episode_metrics
-from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import Algorithm, Hook
+from jaxwm.loop.compile import HookCompiler
 from jaxwm.models import tdmpc2 as world_model
-
-CAPABILITIES = continuous_control("tdmpc2.batch_size")
 
 
 @struct.dataclass
@@ -100,8 +95,7 @@ def build(config) -> Algorithm:
     env = acting.make_pool(config)
     spec = env.spec
     agent = tdmpc2.make(spec, t)
-    mesh = parallel.data_mesh(config.num_devices or None)
-    over_seeds = partial(seeds.vmap, num_seeds=config.num_seeds)
+    compiler = HookCompiler.for_config(config)
     policy = agent.planner()
 
     def finish(params, start, steps, final, completed):
@@ -113,40 +107,37 @@ def build(config) -> Algorithm:
                    "is_first": steps.is_first}
         return final.carry, ((records,), episode_metrics(completed))
 
-    actor = acting.Actor(env, policy, t.steps_per_collect, mesh=mesh, groups=config.num_seeds,
-                         finish=finish, warmup_transitions=t.seed_steps)
-    window = t.horizon + 1
-
-    def sample(replay, key):
-        return replay.sample(key, t.batch_size, window)
-
+    actor = acting.Actor(env, policy, t.steps_per_collect, mesh=compiler.mesh,
+                         groups=config.num_seeds, finish=finish,
+                         warmup_transitions=t.seed_steps)
     counts = hook_counts(config)
-    num_updates = counts["update_model"]["model_updates"]
-    _update = backend.jit(over_seeds(agent.make_update(sample, num_updates, mesh)),
-                          donate_argnums=0)
+    update = agent.make_update(lambda replay, key: replay.sample(key, t.batch_size, t.horizon + 1),
+                               counts["update_model"]["model_updates"], compiler.mesh)
 
-    def init(key):
+    def init_one(key):
         example = {"obs": jnp.zeros(spec.obs_shape, jnp.float32),
                    "action": jnp.zeros(agent.action_dim), "reward": jnp.zeros(()),
                    "terminated": jnp.zeros((), bool), "is_first": jnp.zeros((), bool)}
-        # Jitted: one compilation, where flax's eager init compiles dozens of small ops.
-        learner, replay = backend.jit(over_seeds(lambda k: (
-            agent.init_learner(k), SequenceReplay.create(t.capacity, example, num_envs))))(key)
-        learner, replay = parallel.replicate((learner, replay), mesh)
-        return TDMPC2State(learner, replay, actor.init(learner))
+        return TDMPC2State(agent.init_learner(key),
+                           SequenceReplay.create(t.capacity, example, num_envs), None)
 
-    def update_hook(state, data, key):
-        del data
-        learner, metrics = _update(state.learner, state.replay, key)
+    def init(key):
+        state = compiler.init(init_one, jit=True)(key)
+        return state.replace(actor=actor.init(state.learner))
+
+    def update_model(state, data, key):
+        learner, metrics = update(state.learner, state.replay, key)
         return state.replace(learner=learner), {}, metrics
 
     return Algorithm(
-        name="TD-MPC2",
-        init=init,
-        hooks={
-            "collect": Hook(actor.replay_hook(), counts=counts["collect"]),
-            "update_model": Hook(update_hook, counts=counts["update_model"]),
-        },
-        policy=policy,
-        close=actor.close,
-    )
+        name="TD-MPC2", init=init,
+        hooks={"collect": Hook(actor.replay_hook(), counts=counts["collect"]),
+               "update_model": compiler.hook(update_model, counts=counts["update_model"])},
+        policy=policy, close=actor.close)
+
+
+ENTRY = Entry(name="tdmpc2", build=build, validate=validate, hook_counts=hook_counts,
+              validate_env=validate_env, tiny="configs/tdmpc2.py:tiny",
+              capabilities=continuous_control("tdmpc2.batch_size"),
+              resumable=("tdmpc2.lr", "tdmpc2.grad_clip_norm"),
+              zero_means={"tdmpc2.envs_per_batch": "1 on a CPU, every env on a GPU"})

@@ -179,13 +179,15 @@ def _d4rl(f, file: str) -> Dataset:
                    "reward": data["rewards"], "next_obs": next_obs,
                    "terminated": data["terminals"]}
     transitions = {k: v[keep] for k, v in transitions.items()}
-    return _finish(transitions, file, "d4rl", _metadata(f.get("metadata")))
+    file_rows = np.nonzero(keep)[0]  # the file's own row of each transition kept
+    return _finish(transitions, file, "d4rl", _metadata(f.get("metadata")),
+                   lambda index: [f"row {file_rows[i]}" for i in index])
 
 
 def _minari(f, file: str) -> Dataset:
     episodes = sorted((k for k in f.keys() if k.startswith("episode_")),
                       key=lambda k: int(k.split("_")[1]))
-    parts = []
+    parts, places = [], []
     for name in episodes:
         ep = f[name]
         _require(ep, MINARI_KEYS, f"{file}:{name}")
@@ -200,6 +202,7 @@ def _minari(f, file: str) -> Dataset:
         parts.append({"obs": obs[:-1], "action": np.asarray(ep["actions"]),
                       "reward": np.asarray(ep["rewards"]), "next_obs": obs[1:],
                       "terminated": np.asarray(ep["terminations"])})
+        places += [f"{name} step {step}" for step in range(t)]
     if not parts:
         raise DatasetError(f"{file} has no episode_<i> groups.")
     transitions = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
@@ -210,10 +213,13 @@ def _minari(f, file: str) -> Dataset:
             meta.setdefault("env_id", json.loads(meta["env_spec"]).get("id", ""))
         except (TypeError, ValueError):
             pass
-    return _finish(transitions, file, "minari", meta)
+    return _finish(transitions, file, "minari", meta,
+                   lambda index: [places[i] for i in index])
 
 
-def _finish(transitions, file: str, fmt: str, metadata) -> Dataset:
+def _finish(transitions, file: str, fmt: str, metadata, locate) -> Dataset:
+    """The transitions as float32/bool arrays, checked; ``locate(indices)`` names where in the
+    file transitions are (for messages: a D4RL row, a Minari episode's step)."""
     out = {"obs": np.asarray(transitions["obs"], np.float32),
            "action": np.asarray(transitions["action"], np.float32),
            "reward": np.asarray(transitions["reward"], np.float32).reshape(-1),
@@ -228,9 +234,9 @@ def _finish(transitions, file: str, fmt: str, metadata) -> Dataset:
         bad = ~np.isfinite(out[key])
         if bad.any():
             rows = np.unique(np.nonzero(bad)[0])
-            raise DatasetError(f"{file}: {bad.sum()} non-finite values in {key} (transitions "
-                               f"{rows[:5].tolist()}{'...' if len(rows) > 5 else ''}); clean "
-                               "or drop those steps.")
+            raise DatasetError(f"{file}: {bad.sum()} non-finite values in {key} (at "
+                               f"{', '.join(locate(rows[:5]))}{'...' if len(rows) > 5 else ''}"
+                               "); clean or drop those steps.")
     return Dataset(out, file, fmt, metadata)
 
 

@@ -593,3 +593,27 @@ class _Background:
     def close(self):
         self.drop()
         self._pool.shutdown()
+
+
+class NumberedResets:
+    """A pool whose n-th start (``start(n)``: every env reset) gives the same episodes in
+    any run, for a pool reset once per round (CMA-ES generations). envpool cannot reseed a
+    pool and each reset continues every env's random stream, so start n is the pool's
+    (n + 1)-th reset: a fresh pool (a resumed run's) first makes the resets an uninterrupted
+    run made before it, so that a resume sees the same episodes."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.env = envpool(pool)
+        self.resets = 0
+
+    def start(self, n: int):
+        """``(handle, first rows)`` of start ``n``."""
+        while self.resets < n:
+            self.pool.reset()
+            self.resets += 1
+        self.resets += 1
+        return self.env.start()
+
+    def close(self) -> None:
+        self.pool.close()

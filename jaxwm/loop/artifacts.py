@@ -47,6 +47,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from tqdm import tqdm
 
 from jaxwm.config import ConfigError
 
@@ -216,34 +217,68 @@ class Artifacts:
         self.files: dict[str, ArtifactFile] = {}
         if declared:
             os.makedirs(self.directory, exist_ok=True)
+        self.reimported: set[str] = set()
         for name, artifact in declared.items():
             if not artifact.view_of:
-                self.files[name] = ArtifactFile(os.path.join(self.directory, f"{name}.h5"),
-                                                artifact)
+                self.files[name] = self._open(name, artifact)
         self.views = {name: self.files[a.view_of].view(a) for name, a in declared.items()
                       if a.view_of}
 
-    def start(self, saved_rows: Mapping[str, int] | None) -> None:
+    def _open(self, name: str, artifact: Artifact) -> ArtifactFile:
+        """The artifact's file. One h5py cannot open (cut short by a kill or a full disk,
+        damaged) is imported again where the run imported it (moved aside, never deleted,
+        and its source checked against the checkpoint's digest in ``start``), and refused in
+        one line where the run's own phases wrote it."""
+        path = os.path.join(self.directory, f"{name}.h5")
+        try:
+            return ArtifactFile(path, artifact)
+        except OSError as e:
+            reason = str(e).splitlines()[0]
+            if artifact.source is None:
+                raise ConfigError(
+                    f"{path} cannot be read ({reason}): it was cut short or damaged, and its "
+                    "rows, written by this run's phases, cannot be recovered from it. Start "
+                    "the run again in another --workdir; nothing was changed.") from None
+            aside = path + ".unreadable"
+            os.replace(path, aside)
+            tqdm.write(f"{path} cannot be read ({reason}): moved to {aside}; importing its "
+                       "data again.")
+            self.reimported.add(name)
+            return ArtifactFile(path, artifact)
+
+    def start(self, saved_rows: Mapping[str, int] | None,
+              saved_digests: Mapping[str, str] | None = None) -> None:
         """A fresh run (``saved_rows`` None): every file emptied (rows of a run that never
         checkpointed), sources imported. A resume: every file back to the checkpoint's row
-        count (rows written after it are written again), sources checked for changes."""
+        count (rows written after it are written again), sources checked for changes against
+        the digest the file keeps, or the checkpoint's (``saved_digests``) for a file imported
+        again."""
         for name, file in self.files.items():
-            file.truncate(0 if saved_rows is None else int(saved_rows.get(name, 0)))
             source = self.declared[name].source
+            fresh = saved_rows is None or name in self.reimported
+            file.truncate(0 if fresh else int(saved_rows.get(name, 0)))
             if source is None:
                 continue
             rows = source()
             content = digest(rows)
-            if saved_rows is None:
-                file.append(rows)
-                file.set_source_digest(content)
-            elif file.source_digest() != content:
+            # What the run imported: the file's record, or the checkpoint's for a file
+            # imported again (a checkpoint older than that record cannot tell).
+            before = (saved_digests or {}).get(name) if fresh else file.source_digest()
+            if saved_rows is not None and before is not None and before != content:
                 raise ConfigError(
                     f"The data imported into {file.path} when this run started has changed at "
-                    f"its source since (digest {file.source_digest()}, now {content}): resume "
-                    "with the original data, or start a new run in another --workdir; nothing "
-                    "was changed.")
+                    f"its source since (digest {before}, now {content}): resume with the "
+                    "original data, or start a new run in another --workdir; nothing was "
+                    "changed.")
+            if fresh:
+                file.append(rows)
+                file.set_source_digest(content)
         self.flush()
+
+    def digests(self) -> dict[str, str]:
+        """The digest of every imported artifact's source, for a checkpoint."""
+        return {name: file.source_digest() for name, file in self.files.items()
+                if self.declared[name].source is not None}
 
     def __contains__(self, name: str) -> bool:
         return name in self.files or name in self.views

@@ -18,7 +18,8 @@ Rules (docs/architecture.md, "Clocks, checkpoints and signals"):
 * a new run refuses a directory that already has checkpoints or logs (pass ``resume=True`` or
   pick another ``--workdir``), and ``resume=True`` refuses a directory without a checkpoint;
 * a resumed run first compares its config with the saved one and refuses changes to
-  anything but the settings listed in ``RESUMABLE_KEYS`` and ``RESUMABLE_SETTINGS``; the
+  anything but the settings listed in ``RESUMABLE_KEYS`` and the algorithm's resumable
+  settings (``algos.Entry.resumable``: learning rates and clip norms); the
   changes it accepts are appended to ``config_history.jsonl``;
 * a checkpoint whose tree does not match the freshly built state raises
   ``IncompatibleCheckpointError`` before anything is written;
@@ -54,17 +55,11 @@ LAYOUT_VERSION = 3
 # The last commit that wrote each older layout, for the message that refuses it.
 WRITTEN_UNTIL = {2: "d78b67a"}
 
-# Settings that may change between a run and its resumption: whole groups ...
+# Settings that may change between a run and its resumption: whole groups. An algorithm adds
+# single settings of its own (``algos.Entry.resumable``: learning rates and clip norms, each a
+# constant of the jitted update or a schedule of the optimiser's step count, never a value
+# stored in the state, so the resumed run uses the new value).
 RESUMABLE_KEYS = ("resume", "checkpoint", "eval", "log", "total_env_steps", "phases")
-# ... and single settings, the ones a NaN stop advises changing: learning rates and clip norms.
-# Each is a constant of the jitted update (or a schedule evaluated from the optimiser's step
-# count), never a value stored in the state, so the resumed run uses the new value.
-RESUMABLE_SETTINGS = ("ppo.learning_rate", "ppo.max_grad_norm", "sac.actor_lr", "sac.critic_lr",
-                      "sac.alpha_lr", "dreamer.learning_rate", "dreamer.agc",
-                      "mbrs.learning_rate", "mopo.model_lr", "tdmpc2.lr",
-                      "tdmpc2.grad_clip_norm")
-# The learning rates among them, named by the NaN stop's advice.
-LEARNING_RATES = tuple(k for k in RESUMABLE_SETTINGS if k.endswith(("lr", "learning_rate")))
 
 MANIFEST = "jaxwm_manifest.json"
 # Written by orbax in every step directory it finalises; a numbered directory with neither this
@@ -123,18 +118,22 @@ def linked_keys(config) -> dict[str, list[str]]:
             for keys in groups.values() if len(keys) > 1 for key in keys}
 
 
-def resumable(key: str) -> bool:
-    return key.split(".")[0] in RESUMABLE_KEYS or key in RESUMABLE_SETTINGS
+def resumable(key: str, settings: tuple[str, ...] = ()) -> bool:
+    """Whether ``key`` may change on resume: a group of ``RESUMABLE_KEYS`` or one of the
+    algorithm's resumable ``settings``."""
+    return key.split(".")[0] in RESUMABLE_KEYS or key in settings
 
 
 def config_differences(saved: dict, current: dict,
-                       linked: dict[str, list[str]] | None = None) -> list[str]:
+                       linked: dict[str, list[str]] | None = None,
+                       settings: tuple[str, ...] = ()) -> list[str]:
     """``"key: saved a, now b"`` for every setting that differs. A key the run's saved config
     lacks is no difference when it holds ``base_config()``'s default (the library added it
     after the run started, and the default keeps the old behaviour, e.g. ``env.batch_size``),
     or when it is another name (``linked``, from ``linked_keys``) of a setting the saved config
     holds with the same value (e.g. ``model_size``, added as a name of ``dreamer.model_size``).
-    Settings that may change on resume (``resumable``) are left out."""
+    Settings that may change on resume (``resumable``, with the algorithm's ``settings``) are
+    left out."""
     from jaxwm.config import base_config
 
     saved_flat, current_flat = flatten(saved), flatten(current)
@@ -142,7 +141,7 @@ def config_differences(saved: dict, current: dict,
     linked = linked or {}
     diffs = []
     for key in sorted(set(saved_flat) | set(current_flat)):
-        if resumable(key):
+        if resumable(key, settings):
             continue
         if key not in saved_flat and key in added_later and \
                 json.dumps(current_flat[key]) == json.dumps(added_later[key]):
@@ -298,9 +297,11 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
-    def check_can_start(self, config, resume: bool) -> dict[str, tuple]:
+    def check_can_start(self, config, resume: bool,
+                        settings: tuple[str, ...] = ()) -> dict[str, tuple]:
         """Raises before anything is written if this run would clobber or misuse a run dir.
-        Returns the settings a resume changes (``{key: (saved, now)}``), which are allowed."""
+        Returns the settings a resume changes (``{key: (saved, now)}``), which are allowed:
+        ``RESUMABLE_KEYS`` and the algorithm's resumable ``settings``."""
         latest = self.latest_step()
         if latest is not None and not resume:
             raise IncompatibleCheckpointError(
@@ -331,7 +332,7 @@ class Checkpointer:
                 "compared with the run's; remove the file to resume without the comparison, "
                 "or start a new run in another --workdir; nothing was changed.") from None
         current = config_to_json_dict(config)
-        diffs = config_differences(saved, current, linked_keys(config))
+        diffs = config_differences(saved, current, linked_keys(config), settings)
         if diffs:
             raise IncompatibleCheckpointError(
                 "Cannot resume: the config differs from the one this run was started with "
@@ -339,11 +340,11 @@ class Checkpointer:
                 "\nRestore those values (--config.<key>=<saved value>; this also pins a "
                 "value that follows total_env_steps by default), or start a new run in "
                 "another --workdir; nothing was changed. Settings that may change on resume: "
-                f"{', '.join(RESUMABLE_KEYS + RESUMABLE_SETTINGS)}.")
+                f"{', '.join(RESUMABLE_KEYS + tuple(settings))}.")
         saved_flat, current_flat = flatten(saved), flatten(current)
         return {key: (saved_flat.get(key), current_flat.get(key))
                 for key in sorted(set(saved_flat) | set(current_flat))
-                if resumable(key) and key != "resume"
+                if resumable(key, settings) and key != "resume"
                 and json.dumps(saved_flat.get(key), default=str)
                 != json.dumps(current_flat.get(key), default=str)}
 

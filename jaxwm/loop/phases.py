@@ -81,7 +81,8 @@ def phases_from_config(config, derived: Mapping[str, tuple[str, ...]] | None = N
                        ) -> list[Phase]:
     """Reads ``config.phase_order`` / ``config.phases`` (syntax only; ``check_phases``
     checks them against an algorithm). ``derived``: hooks for phases whose ``hooks`` the
-    config leaves empty (``Algorithm.phase_hooks``)."""
+    config leaves empty (``Algorithm.phase_hooks``); an empty tuple there leaves the phase
+    out for this algorithm."""
     order = tuple(config.phase_order)
     declared = set(config.phases.keys())
     if not order:
@@ -91,12 +92,15 @@ def phases_from_config(config, derived: Mapping[str, tuple[str, ...]] | None = N
         raise ConfigError(f"config.phase_order names {missing}, which config.phases does not "
                           f"define (defined: {sorted(declared)}).")
     phases = []
+    derived = derived or {}
     for name in order:
         spec = config.phases[name]
         if int(spec.duration) <= 0:
             raise ConfigError(f"phases.{name}.duration must be > 0, got {spec.duration}.")
+        if not tuple(spec.hooks) and name in derived and not derived[name]:
+            continue  # the algorithm leaves this phase out (MOPO has no density to fit)
         hooks = []
-        for text in tuple(spec.hooks) or tuple((derived or {}).get(name, ())):
+        for text in tuple(spec.hooks) or tuple(derived.get(name, ())):
             try:
                 hook, repeat = parse_hook(text)
             except ValueError:

@@ -41,11 +41,11 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxwm import parallel
+from jaxwm.config import is_learning_rate
 from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import EVALUATE, Algorithm, Hook
 from jaxwm.loop.artifacts import Artifacts
 from jaxwm.loop.checkpoint import (
-    LEARNING_RATES,
     WRITE_ERRNOS,
     Checkpointer,
     IncompatibleCheckpointError,
@@ -171,12 +171,99 @@ def route_outputs(algorithm: Algorithm, name: str, outputs: dict, flow: dict,
             flow[out] = value
 
 
-def nan_advice(bad: list[str], sched: Scheduler, config, checkpointer: Checkpointer) -> str:
+class Clocks:
+    """When to log, evaluate and checkpoint (``log.every``, ``eval.every``,
+    ``checkpoint.every``): a clock is due once each time one of its counters crosses a
+    multiple of its interval, checked after every hook call."""
+
+    def __init__(self, clocks: dict[str, Clock], totals):
+        self.clocks = clocks
+        self.marks = {name: clock.marks(totals) for name, clock in clocks.items()}
+
+    def due(self, name: str, totals) -> bool:
+        """Whether ``name`` has fired since it was last asked (never, if there is none)."""
+        if name not in self.clocks:
+            return False
+        now = self.clocks[name].marks(totals)
+        fired, self.marks[name] = now != self.marks[name], now
+        return fired
+
+
+class RunLog:
+    """A run's logging side: the window of metrics since the last log row, per-hook timing,
+    the rates (evaluation time excluded), the writer (TensorBoard, ``metrics.jsonl``) and the
+    progress bar. ``write`` makes one row; the metrics stay on the device until then."""
+
+    def __init__(self, writer: MetricWriter, bar, scheduler: Scheduler, algorithm: Algorithm,
+                 x_axis: str, wall_seconds, postfix):
+        self.writer, self.bar, self.scheduler, self.algorithm = writer, bar, scheduler, algorithm
+        self.x_axis, self.wall_seconds, self.postfix = x_axis, wall_seconds, postfix
+        self.window, self.timer = MetricWindow(), HookTimer()
+        self.last = {}  # the newest value of every scalar logged
+        self.eval_seconds = 0.0  # in this window, excluded from the rates
+        self.window_start = (time.perf_counter(), dict(scheduler.totals), scheduler.calls)
+
+    def add(self, metrics) -> None:
+        self.window.add(metrics)
+
+    def pending(self) -> bool:
+        """Whether hooks ran since the last row."""
+        return self.scheduler.calls > self.window_start[2]
+
+    def write(self) -> dict:
+        """One row: the window's means, every counter's rate, where the time went, the
+        phase, wall time and progress. Reading the metrics waits for the hooks that made them
+        (JAX dispatches asynchronously, and rates must count finished work)."""
+        sched = self.scheduler
+        metrics = self.window.flush()
+        now = time.perf_counter()
+        start, start_totals, _ = self.window_start
+        busy = max(now - start - self.eval_seconds, 1e-9)
+        for unit in self.algorithm.counters:  # those that moved: no rate is not a rate of 0
+            if sched.totals[unit] > start_totals[unit]:
+                name = "charts/SPS" if unit == "env_steps" else f"charts/{unit}_per_s"
+                metrics[name] = (sched.totals[unit] - start_totals[unit]) / busy
+        metrics.update(self.timer.flush(max(now - start, 1e-9)))
+        metrics["charts/phase"] = float(sched.phase_index)
+        # For jaxwm.report: curves against wall time, and which runs are still unfinished.
+        metrics["charts/wall_seconds"] = self.wall_seconds()
+        metrics["charts/progress"] = sched.totals[self.x_axis] / max(
+            sched.planned_total(self.x_axis), 1)
+        metrics.update({f"counters/{unit}": float(v) for unit, v in sched.totals.items()})
+        self.writer.write(sched.totals[self.x_axis], metrics)
+        self.window_start, self.eval_seconds = (now, dict(sched.totals), sched.calls), 0.0
+        self.last = {**self.last, **{k: v for k, v in metrics.items()
+                                     if not isinstance(v, MEDIA)}}
+        self.bar.set_postfix(self.postfix(self.last, metrics), refresh=False)
+        return metrics
+
+    def close(self) -> None:
+        self.bar.close()
+        self.writer.close()
+
+
+def call_hook(algorithm: Algorithm, name: str, state, data, key, timer: HookTimer):
+    """One hook call; timed (between two waits) when ``timer`` wants a sample of it."""
+    hook = algorithm.hooks[name]
+    if timer.wants(name):
+        jax.block_until_ready((state, data))
+        start = time.perf_counter()
+        out = hook.fn(state, data, key)
+        jax.block_until_ready(out)
+        timer.record(name, time.perf_counter() - start)
+    else:
+        out = hook.fn(state, data, key)
+    timer.count(name)
+    return out
+
+
+def nan_advice(bad: list[str], sched: Scheduler, config, checkpointer: Checkpointer,
+               learning_rates: tuple[str, ...]) -> str:
     """The NaN stop's message: what went wrong, which checkpoint is left to resume from (or
-    that none is), and the learning rates of this config that may change on resume."""
+    that none is), and this config's ``learning_rates`` (those that may change on resume)."""
     flat = flatten(config_to_json_dict(config))
     rates = [f"--config.{k}={flat[k] / 10:g} (now {flat[k]:g})"
-             for k in LEARNING_RATES if isinstance(flat.get(k), (int, float))]
+             for k in learning_rates if isinstance(flat.get(k), (int, float))]
     lower = "lower the learning rate" + (f", e.g. {' '.join(rates)}," if rates else "")
     latest = checkpointer.latest_step()
     if latest is None:
@@ -191,8 +278,14 @@ def nan_advice(bad: list[str], sched: Scheduler, config, checkpointer: Checkpoin
 
 
 class Trainer:
-    def __init__(self, config, algorithm: Algorithm, workdir: str, evaluator=None):
+    """Runs ``algorithm``'s phases under ``config`` in ``workdir``. ``resumable``: the
+    algorithm's settings that may change on resume (``algos.Entry.resumable``), whose learning
+    rates the NaN stop names."""
+
+    def __init__(self, config, algorithm: Algorithm, workdir: str, evaluator=None,
+                 resumable: tuple[str, ...] = ()):
         self.config = config
+        self.resumable = tuple(resumable)
         self.algorithm = algorithm
         self.workdir = workdir
         self.evaluator = evaluator
@@ -215,7 +308,8 @@ class Trainer:
         self.checkpointer = Checkpointer(workdir, keep=config.checkpoint.keep,
                                          primary=self.primary)
         # Settings this resume changes (learning rates, say): allowed, and recorded.
-        self.changed = self.checkpointer.check_can_start(config, resume=config.resume)
+        self.changed = self.checkpointer.check_can_start(config, resume=config.resume,
+                                                         settings=self.resumable)
         self.artifacts = Artifacts(workdir, algorithm.artifacts)
 
     # ------------------------------------------------------------------ state
@@ -242,7 +336,7 @@ class Trainer:
                 "(python -m jaxwm.launch --num_processes=N), or start a new run in another "
                 "--workdir; nothing was changed.")
         self.scheduler.load_state_dict(loop["scheduler"])  # may refuse: nothing moved yet
-        self.artifacts.start(loop.get("artifacts", {}))
+        self.artifacts.start(loop.get("artifacts", {}), loop.get("artifact_digests"))
         note = self.checkpointer.set_aside(unreadable, step) if self.primary else None
         if note:
             self.say(note)
@@ -266,6 +360,7 @@ class Trainer:
             return  # already saved at this step (periodic save coincided with the final one)
         loop = {"key": np.asarray(key).tolist(), "scheduler": sched.state_dict(),
                 "processes": jax.process_count(), "artifacts": self.artifacts.state_dict(),
+                "artifact_digests": self.artifacts.digests(),
                 "wall_seconds": self.wall_seconds()}
         self.checkpointer.save(sched.calls, self.algorithm.persistent(state), loop, force=force)
 
@@ -290,176 +385,164 @@ class Trainer:
     def _run(self) -> dict:
         self.started = time.perf_counter()
         state, key, resumed = self._restore_or_init()
-        sched, algorithm, x_axis = self.scheduler, self.algorithm, self.x_axis
-        say = self.say
-        processes = f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
-        say(f"{algorithm.name} on {self.config.env.id} -> {self.workdir} "
-            f"(tensorboard --logdir {self.workdir}){processes}")
-        if self.primary:
-            self.checkpointer.write_config(self.config, self.changed if resumed else None,
-                                           at={"step": sched.calls, **sched.totals})
-            if resumed and self.changed:
-                say("Changed on resume (recorded in config_history.jsonl): " + ", ".join(
-                    f"{k} {old} -> {new}" for k, (old, new) in self.changed.items()) + ".")
+        self._announce(resumed)
+        sched = self.scheduler
         # A resumed run drops what was logged after its checkpoint (that stretch runs again).
         writer = MetricWriter(self.workdir, resumed_at=dict(sched.totals) if resumed else None,
-                              x_axis=x_axis, enabled=self.primary, config=self.config)
-        window, timer = MetricWindow(), HookTimer()
-        marks = {name: clock.marks(sched.totals) for name, clock in self.clocks.items()}
-        flow = {}  # outputs of this cycle's hooks that a later hook still reads
-        last = {}
-        bar = tqdm(total=sched.planned_total(x_axis), initial=sched.totals[x_axis],
-                   unit=x_axis, dynamic_ncols=True, mininterval=2.0,
+                              x_axis=self.x_axis, enabled=self.primary, config=self.config)
+        bar = tqdm(total=sched.planned_total(self.x_axis), initial=sched.totals[self.x_axis],
+                   unit=self.x_axis, dynamic_ncols=True, mininterval=2.0,
                    disable=not (self.config.log.progress and self.primary))
-        window_start = (time.perf_counter(), dict(sched.totals), sched.calls)
-        eval_seconds = 0.0  # excluded from the rates
-
-        def due(clock: str) -> bool:
-            if clock not in self.clocks:
-                return False
-            now = self.clocks[clock].marks(sched.totals)
-            fired, marks[clock] = now != marks[clock], now
-            return fired
-
-        def check_finite():
-            bad = window.nonfinite("losses/")
-            if bad:
-                raise FloatingPointError(nan_advice(bad, sched, self.config, self.checkpointer))
-
-        def log():
-            nonlocal window_start, last, eval_seconds
-            # Reading the metrics waits for the hooks that made them: JAX dispatches
-            # asynchronously, and rates must count finished work, not queued work.
-            check_finite()
-            metrics = window.flush()
-            now = time.perf_counter()
-            start, start_totals, _ = window_start
-            busy = max(now - start - eval_seconds, 1e-9)
-            for unit in algorithm.counters:  # those that moved: no rate is not a rate of 0
-                if sched.totals[unit] > start_totals[unit]:
-                    name = "charts/SPS" if unit == "env_steps" else f"charts/{unit}_per_s"
-                    metrics[name] = (sched.totals[unit] - start_totals[unit]) / busy
-            metrics.update(timer.flush(max(now - start, 1e-9)))
-            metrics["charts/phase"] = float(sched.phase_index)
-            # For jaxwm.report: curves against wall time, and which runs are still unfinished.
-            metrics["charts/wall_seconds"] = self.wall_seconds()
-            metrics["charts/progress"] = sched.totals[x_axis] / max(sched.planned_total(x_axis), 1)
-            metrics.update({f"counters/{unit}": float(v) for unit, v in sched.totals.items()})
-            writer.write(sched.totals[x_axis], metrics)
-            window_start, eval_seconds = (now, dict(sched.totals), sched.calls), 0.0
-            last = {**last, **{k: v for k, v in metrics.items() if not isinstance(v, MEDIA)}}
-            bar.set_postfix(self._postfix(last, metrics), refresh=False)
-
-        def evaluate(state, key):
-            nonlocal eval_seconds
-            jax.block_until_ready(state)  # queued training work is not evaluation time
-            start = time.perf_counter()
-            if jax.process_count() > 1:  # every process evaluates alone, on its own copy
-                state = parallel.local_replica(state, jax.local_devices()[0])
-            window.add(self.evaluator.run(state, key))
-            seconds = time.perf_counter() - start
-            eval_seconds += seconds
-            timer.record(EVALUATE, seconds, first_apart=False)
-            timer.count(EVALUATE)
-
-        def per_seed(metrics):  # with N seeds every scalar a hook returns is [N]
-            if self.config.num_seeds == 1:
-                return metrics
-            return {k: v if isinstance(v, (*MEDIA, PerSeed)) else PerSeed(v)
-                    for k, v in metrics.items()}
-
-        def call(name, state, key):
-            if name == EVALUATE:
-                evaluate(state, key)
-                return state
-            hook = algorithm.hooks[name]
-            data = hook_inputs(algorithm, hook, flow, self.artifacts, key)
-            if timer.wants(name):
-                jax.block_until_ready((state, data))
-                start = time.perf_counter()
-                state, outputs, metrics = hook.fn(state, data, key)
-                jax.block_until_ready((state, outputs, metrics))
-                timer.record(name, time.perf_counter() - start)
-            else:
-                state, outputs, metrics = hook.fn(state, data, key)
-            timer.count(name)
-            route_outputs(algorithm, name, outputs, flow, self.artifacts)
-            window.add(per_seed(metrics))
-            return state
-
+        run = RunLog(writer, bar, sched, self.algorithm, self.x_axis, self.wall_seconds,
+                     self._postfix)
+        clocks = Clocks(self.clocks, sched.totals)
         try:
             with _StopRequested() as stop:
-                announced = stopping = False
-                while not sched.finished:
-                    index = sched.phase_index
-                    phase, name = sched.next_call()
-                    key, hook_key = seeds.split(key)
-                    before = sched.totals[x_axis]
-                    state = call(name, state, hook_key)
-                    if sched.record(name) and phase.until and \
-                            bool(algorithm.predicates[phase.until](state)):
-                        sched.end_phase_early(phase)
-                    live = sched.live_inputs()
-                    for pending in [k for k in flow if k not in live]:
-                        del flow[pending]
-                    bar.update(sched.totals[x_axis] - before)
-                    phase_over = sched.cycle is None and sched.phase_index != index
-                    if phase_over:
-                        early = " (ended early: until=" + phase.until + ")" \
-                            if sched.ended_early[phase.name] else ""
-                        say(f"Phase {phase.name!r} done at step {sched.calls} "
-                            f"({sched.describe()}){early}.")
-
-                    if flow:  # passed data in flight: a checkpoint now could not resume
-                        if stop.signal and not announced:
-                            say(f"{stop.signal} received: running the hooks that still "
-                                f"read {sorted(flow)} before saving.")
-                            announced = True
-                        continue
-                    # Several processes stop together, at the same call (else the others
-                    # would wait for the stopped one in their next all-reduce).
-                    stopping = stop.signal is not None
-                    if jax.process_count() > 1:
-                        stopping = bool(parallel.allgather(np.int32(stopping)).any())
-                    if self.evaluator is not None and not stopping and (
-                            due("eval") or (sched.finished and self.config.eval.at_end)):
-                        # A side stream: how often evaluation runs leaves the training keys,
-                        # and so the training run, unchanged.
-                        evaluate(state, seeds.fold_in(key, EVAL_STREAM))
-                    if due("log") or phase_over:
-                        log()
-                    if due("checkpoint"):
-                        check_finite()
-                        self._save(state, key)
-                    if stopping:
-                        break
-
-                interrupted = stopping and not sched.finished
+                state, key = self._train(state, key, run, clocks, stop)
+                interrupted = stop.signal is not None and not sched.finished
                 if interrupted:
-                    say(f"{stop.signal or 'A signal'} received: saving a checkpoint at step "
-                        f"{sched.calls} ({sched.describe()}) and exiting; resume with "
-                        "--config.resume=True.")
-                    if sched.calls > window_start[2]:
-                        log()  # what ran since the last log step
-                check_finite()
+                    self.say(f"{stop.signal} received: saving a checkpoint at step "
+                             f"{sched.calls} ({sched.describe()}) and exiting; resume with "
+                             "--config.resume=True.")
+                self._check_finite(run)
+                if interrupted and run.pending():
+                    run.write()  # what ran since the last log step
                 self._save(state, key, force=True)
         finally:
             # Whatever stopped the run, finish writing the checkpoints already started.
             self.checkpointer.wait()
             self.checkpointer.close()
             self.artifacts.close()
-            bar.close()
-            writer.close()
-        if self.primary:
-            title = f"{algorithm.name} on {self.config.env.id}"
-            plot_learning_curve(writer.path, os.path.join(self.workdir, "learning_curve.png"),
-                                title, x_axis)
-            plot_learning_curve(writer.path, os.path.join(self.workdir, "normalized_score.png"),
-                                title, x_axis, SCORE_SERIES, "D4RL normalised score")
-            write_eval_csv(writer.path, os.path.join(self.workdir, "eval.csv"))
+            run.close()
+        self._plot(writer.path)
         self.state = state
-        return {**last, "interrupted": interrupted, "calls": sched.calls,
+        return {**run.last, "interrupted": interrupted, "calls": sched.calls,
                 "counters": dict(sched.totals), **sched.totals}
+
+    def _announce(self, resumed: bool) -> None:
+        """The run's first lines, and its config (with what a resume changed) beside it."""
+        sched = self.scheduler
+        processes = f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
+        self.say(f"{self.algorithm.name} on {self.config.env.id} -> {self.workdir} "
+                 f"(tensorboard --logdir {self.workdir}){processes}")
+        if self.primary:
+            self.checkpointer.write_config(self.config, self.changed if resumed else None,
+                                           at={"step": sched.calls, **sched.totals})
+            if resumed and self.changed:
+                self.say("Changed on resume (recorded in config_history.jsonl): " + ", ".join(
+                    f"{k} {old} -> {new}" for k, (old, new) in self.changed.items()) + ".")
+
+    def _train(self, state, key, run: RunLog, clocks: Clocks, stop: _StopRequested):
+        """Hook calls until every phase is done or a signal stops the run; after each, the
+        clocks (evaluation, logging, checkpoints) once no passed data is pending."""
+        sched, flow, announced = self.scheduler, {}, False
+        while not sched.finished:
+            index = sched.phase_index
+            phase, name = sched.next_call()
+            key, hook_key = seeds.split(key)
+            before = sched.totals[self.x_axis]
+            state = self._call(run, flow, name, state, hook_key)
+            if sched.record(name) and phase.until and \
+                    bool(self.algorithm.predicates[phase.until](state)):
+                sched.end_phase_early(phase)
+            live = sched.live_inputs()
+            for pending in [k for k in flow if k not in live]:
+                del flow[pending]
+            run.bar.update(sched.totals[self.x_axis] - before)
+            phase_over = sched.cycle is None and sched.phase_index != index
+            if phase_over:
+                early = f" (ended early: until={phase.until})" \
+                    if sched.ended_early[phase.name] else ""
+                self.say(f"Phase {phase.name!r} done at step {sched.calls} "
+                         f"({sched.describe()}){early}.")
+            if flow:  # passed data in flight: a checkpoint now could not resume
+                if stop.signal and not announced:
+                    self.say(f"{stop.signal} received: running the hooks that still read "
+                             f"{sorted(flow)} before saving.")
+                    announced = True
+                continue
+            if self._stopping(stop):
+                break
+            self._on_clocks(state, key, run, clocks, phase_over)
+        return state, key
+
+    def _stopping(self, stop: _StopRequested) -> bool:
+        """Whether a signal stops the run here. Several processes stop together, at the same
+        call (else the others would wait for the stopped one in their next all-reduce)."""
+        stopping = stop.signal is not None
+        if jax.process_count() > 1:
+            stopping = bool(parallel.allgather(np.int32(stopping)).any())
+            if stopping and stop.signal is None:
+                stop.signal = "A signal to another process"
+        return stopping
+
+    def _on_clocks(self, state, key, run: RunLog, clocks: Clocks, phase_over: bool) -> None:
+        """Evaluation, a log row and a checkpoint, each when its clock is due (a finished
+        phase is always logged; the final evaluation when the last phase ends)."""
+        sched = self.scheduler
+        if self.evaluator is not None and (clocks.due("eval", sched.totals) or (
+                sched.finished and self.config.eval.at_end)):
+            # A side stream: how often evaluation runs leaves the training keys, and so the
+            # training run, unchanged.
+            self._evaluate(run, state, seeds.fold_in(key, EVAL_STREAM))
+        if clocks.due("log", sched.totals) or phase_over:
+            self._check_finite(run)
+            run.write()
+        if clocks.due("checkpoint", sched.totals):
+            self._check_finite(run)
+            self._save(state, key)
+
+    def _call(self, run: RunLog, flow: dict, name: str, state, key):
+        """One scheduled call: the evaluator, or a hook with its inputs read and its outputs
+        routed (``flow``: passed data of this cycle), its metrics into the window."""
+        if name == EVALUATE:
+            self._evaluate(run, state, key)
+            return state
+        data = hook_inputs(self.algorithm, self.algorithm.hooks[name], flow, self.artifacts,
+                           key)
+        state, outputs, metrics = call_hook(self.algorithm, name, state, data, key, run.timer)
+        route_outputs(self.algorithm, name, outputs, flow, self.artifacts)
+        run.add(self._per_seed(metrics))
+        return state
+
+    def _per_seed(self, metrics: dict) -> dict:
+        """With N seeds every scalar a hook returns is [N]: logged per seed and as a mean."""
+        if self.config.num_seeds == 1:
+            return metrics
+        return {k: v if isinstance(v, (*MEDIA, PerSeed)) else PerSeed(v)
+                for k, v in metrics.items()}
+
+    def _evaluate(self, run: RunLog, state, key) -> None:
+        """The evaluator on ``state``, its time kept out of the window's rates."""
+        jax.block_until_ready(state)  # queued training work is not evaluation time
+        start = time.perf_counter()
+        if jax.process_count() > 1:  # every process evaluates alone, on its own copy
+            state = parallel.local_replica(state, jax.local_devices()[0])
+        run.add(self.evaluator.run(state, key))
+        seconds = time.perf_counter() - start
+        run.eval_seconds += seconds
+        run.timer.record(EVALUATE, seconds, first_apart=False)
+        run.timer.count(EVALUATE)
+
+    def _check_finite(self, run: RunLog) -> None:
+        """The NaN stop: non-finite ``losses/*`` in the window raise before anything is
+        logged or saved, naming the checkpoint left and the learning rates to lower."""
+        bad = run.window.nonfinite("losses/")
+        if bad:
+            raise FloatingPointError(nan_advice(
+                bad, self.scheduler, self.config, self.checkpointer,
+                tuple(k for k in self.resumable if is_learning_rate(k))))
+
+    def _plot(self, metrics_path: str) -> None:
+        """The learning curve, the normalised score where there is one, and ``eval.csv``."""
+        if not self.primary:
+            return
+        title = f"{self.algorithm.name} on {self.config.env.id}"
+        plot_learning_curve(metrics_path, os.path.join(self.workdir, "learning_curve.png"),
+                            title, self.x_axis)
+        plot_learning_curve(metrics_path, os.path.join(self.workdir, "normalized_score.png"),
+                            title, self.x_axis, SCORE_SERIES, "D4RL normalised score")
+        write_eval_csv(metrics_path, os.path.join(self.workdir, "eval.csv"))
 
     def _postfix(self, last: dict, latest: dict) -> dict[str, str]:
         sched = self.scheduler

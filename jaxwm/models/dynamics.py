@@ -88,3 +88,26 @@ def train_step(model: DynamicsMLP, optimizer, state: DynamicsState, batch):
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     return state.replace(params=optax.apply_updates(state.params, updates),
                          opt_state=opt_state), value
+
+
+def fit(model: DynamicsMLP, optimizer, state: DynamicsState, sample, key, num_updates: int,
+        normalizer_batch):
+    """``num_updates`` training steps in one scan, each on ``sample(key)``, after refitting
+    the normalisers on ``normalizer_batch``. Returns the state and the mean and last loss."""
+    state = refit_normalizers(state, normalizer_batch)
+
+    def step(state, k):
+        return train_step(model, optimizer, state, sample(k))
+
+    state, losses = jax.lax.scan(step, state, jax.random.split(key, num_updates))
+    return state, {"losses/model_loss": jnp.mean(losses), "losses/model_loss_last": losses[-1]}
+
+
+def fresh_error(model: DynamicsMLP, state: DynamicsState, batch, valid) -> dict:
+    """The one-step error on ``valid`` transitions the model has not trained on, beside that
+    of predicting no change (what a model that learned nothing scores)."""
+    predicted, _ = predict(model, state, batch["obs"], batch["action"])
+    weights = valid / jnp.maximum(jnp.sum(valid), 1)
+    sq = lambda x: jnp.sum(x**2, -1)  # noqa: E731
+    return {"model/fresh_one_step_mse": jnp.sum(weights * sq(predicted - batch["next_obs"])),
+            "model/zero_delta_mse": jnp.sum(weights * sq(batch["obs"] - batch["next_obs"]))}

@@ -241,3 +241,45 @@ def split_indices(num: int, rng, holdout_fraction: float = 0.2, max_holdout: int
     holdout = min(int(num * holdout_fraction), max_holdout)
     perm = rng.permutation(num)
     return perm[holdout:], perm[:holdout]
+
+
+@dataclasses.dataclass(frozen=True)
+class EnsembleModel:
+    """The dynamics ensemble on the world-model protocol (``models.protocol``): the state is
+    the observation vector; a step samples a uniformly chosen elite's Gaussian per row
+    (``sample_step``, MOPO's rollouts), and the env's termination rule
+    (``models.termination``) gives the continuation. Its parameters are an
+    ``EnsembleState``. Actions arrive in [-1, 1] and reach the members in the env's units
+    through ``to_env`` (the box the dataset's actions live in)."""
+
+    spec: EnsembleSpec
+    terminated_fn: object  # (obs, action, next_obs) -> bool [B]
+    to_env: object  # [-1, 1] -> the env's actions
+    discrete = False
+    decodes = False
+    differentiable = True  # reparameterised samples (the elite's pick has no gradient)
+
+    @property
+    def action_dim(self) -> int:
+        return self.spec.action_dim
+
+    def initial(self, params, batch: int):
+        del params
+        return jnp.zeros((batch, self.spec.obs_dim))
+
+    def observe(self, params, state, action, obs, is_first, key):
+        del params, state, action, is_first, key
+        return jnp.asarray(obs, jnp.float32)
+
+    def step(self, params, state, action, key):
+        action = self.to_env(action)
+        next_obs, reward, _ = sample_step(self.spec, params, state, action, key)
+        ended = self.terminated_fn(state, action, next_obs)
+        return next_obs, reward, 1.0 - ended.astype(jnp.float32)
+
+    def features(self, params, state):
+        del params
+        return state
+
+    def decode(self, params, state):
+        raise NotImplementedError("The dynamics ensemble predicts vectors, not frames.")

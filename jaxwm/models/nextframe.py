@@ -53,11 +53,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxwm.data.frames import CHANNELS, to_hwc
 from jaxwm.nets.conv import Conv2D, ConvTranspose2D
 
 REWARD_CLASSES = 3  # clipped rewards -1, 0, +1 as classes 0, 1, 2
@@ -377,3 +379,66 @@ def class_balanced_focal(logits, labels, counts, beta: float = 0.9999, gamma: fl
 
 def reward_cross_entropy(logits, labels):
     return -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], -1)[:, 0]
+
+
+def make_apply(net: NextFramePredictor, num_actions: int):
+    """``apply(params, stack_u8 [B, H, W, F * 3], action [B], key, target_u8=None, epsilon=0,
+    train=False, features_only=False, reward_train=False)``: the network on uint8 frames and
+    integer actions (``NextFramePredictor``'s outputs)."""
+
+    def apply(params, stack_u8, action, key, target_u8=None, epsilon=0.0, train=False,
+              features_only=False, reward_train=False):
+        k_drop, k_latent = jax.random.split(key)
+        target = None if target_u8 is None else target_u8.astype(jnp.float32) / 255.0
+        return net.apply(params, stack_u8.astype(jnp.float32) / 255.0,
+                         jax.nn.one_hot(action, num_actions), target, epsilon, train,
+                         reward_features_only=features_only, reward_train=reward_train,
+                         rngs={"dropout": k_drop, "latent": k_latent})
+
+    return apply
+
+
+@dataclasses.dataclass(frozen=True)
+class FrameModel:
+    """The next-frame predictor on the world-model protocol (``models.protocol``): SimPLe's
+    learned simulator. Its state is the frame stack ``[n, F * 3, H, W]`` uint8 in envpool's
+    layout, which is also what a policy reads (``features``), as in the real env. A step
+    appends the argmax of each pixel's 256 classes (or a sample, ``frame_mode="sample"``);
+    the reward is the reward head's class minus 1; episodes never end (``cont`` 1: the
+    policy bootstraps at the rollout's end). Actions arrive one-hot."""
+
+    apply: Callable
+    action_dim: int
+    obs_shape: tuple[int, int, int]  # the stack's [F * 3, H, W]
+    frame_mode: str = "argmax"
+    discrete = True
+    decodes = True
+    differentiable = False  # argmax frames and classes: no gradient through a step
+
+    def initial(self, params, batch: int):
+        del params
+        return jnp.zeros((batch,) + tuple(self.obs_shape), jnp.uint8)
+
+    def observe(self, params, state, action, obs, is_first, key):
+        del params, state, action, is_first, key
+        return obs  # the env's own stack
+
+    def step(self, params, state, action, key):
+        k_model, k_frame = jax.random.split(key)
+        logits, reward_logits, _, _ = self.apply(params, to_hwc(state), jnp.argmax(action, -1),
+                                                 k_model)
+        if self.frame_mode == "sample":
+            frame = jax.random.categorical(k_frame, logits).astype(jnp.uint8)
+        else:
+            frame = jnp.argmax(logits, -1).astype(jnp.uint8)
+        state = jnp.concatenate([state[:, CHANNELS:], jnp.moveaxis(frame, -1, 1)], 1)
+        reward = (jnp.argmax(reward_logits, -1) - 1).astype(jnp.float32)
+        return state, reward, jnp.ones(state.shape[0])
+
+    def features(self, params, state):
+        del params
+        return state
+
+    def decode(self, params, state):
+        del params
+        return jnp.moveaxis(state[..., -CHANNELS:, :, :], -3, -1).astype(jnp.float32) / 255.0

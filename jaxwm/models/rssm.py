@@ -8,7 +8,7 @@ The model state is ``{"deter": h [B, D], "stoch": z [B, S, K]}``: a block GRU st
 
 * sequence model   h_t = f(h_{t-1}, z_{t-1}, a_{t-1})
 * encoder          z_t ~ q(z | h_t, x_t)      (posterior; ``observe``)
-* dynamics         z_t ~ p(z | h_t)           (prior; ``imagine``)
+* dynamics         z_t ~ p(z | h_t)           (prior; ``step``)
 * predictors       x_t, r_t, c_t from features [h_t, z_t]
 
 Every categorical mixes 1% uniform into its probabilities ("unimix"), so each class keeps
@@ -20,9 +20,11 @@ the continue head a Bernoulli. The loss (eq. 3-5) is
 on each KL term separately, per step, before averaging).
 
 Functional API (``WorldModel``; the network is a Flax module, the scans are plain JAX over
-its ``apply``, time is axis 1): ``initial(batch)``, ``observe(params, carry, embed,
-prev_action, is_first, key)``, ``imagine(params, start, policy, horizon, key)``,
-``loss(params, batch, key)``.
+its ``apply``, time is axis 1): the world-model protocol (``models.protocol``: ``initial``,
+``observe`` one step of the posterior, ``step`` one step of the prior with the reward and
+continue heads, ``features``, ``decode``), ``observe_sequence(params, carry, embed,
+prev_action, is_first, key)`` (the posterior over a sequence), ``loss(params, batch, key)``
+and ``report`` (open-loop predictions).
 
 Deliberate differences from the official code: images use DreamerV2's VALID-padded 4x4
 stride-2 encoder and 5-5-6-6 transposed-convolution decoder (64x64 only), not DreamerV3's
@@ -39,12 +41,12 @@ stride-dilated input, and XLA:CPU ran it and its gradients several times slower
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxwm.media import Video
 from jaxwm.nets.backbones.recurrent import BlockGRU
 from jaxwm.nets.conv import Conv2D, ConvTranspose2D
 from jaxwm.ops import twohot
@@ -257,24 +259,66 @@ class LossScales:
 
 @dataclasses.dataclass(frozen=True)
 class WorldModel:
+    """DreamerV3's world model on the world-model protocol (``models.protocol``)."""
+
     net: WorldModelNet
     scales: LossScales = LossScales()
     # The reward head's two-hot space (``ops.twohot.Regression``): ``symexp`` as the official
     # code, ``symlog`` as the paper.
     twohot: str = "symexp"
+    differentiable = True  # straight-through latents: gradients reach actions and states
 
     @property
     def reward_head(self) -> twohot.Regression:
         return twohot.Regression(self.twohot, self.net.num_bins)
+
+    @property
+    def discrete(self) -> bool:
+        return self.net.discrete
+
+    @property
+    def action_dim(self) -> int:
+        return self.net.action_dim
+
+    @property
+    def decodes(self) -> bool:
+        return len(self.net.obs_shape) == 3
 
     def init(self, key, example_obs):
         """Parameters from an example observation batch [B, *obs_shape]."""
         action = jnp.zeros((example_obs.shape[0], self.net.action_dim))
         return self.net.init(key, example_obs, action)
 
-    def initial(self, batch: int):
+    def initial(self, params, batch: int):
+        del params
         return {"deter": jnp.zeros((batch, self.net.deter)),
                 "stoch": jnp.zeros((batch, self.net.stoch, self.net.classes))}
+
+    # ------------------------------------------------------------------ the protocol
+
+    def observe(self, params, state, action, obs, is_first, key):
+        """One posterior step on ``obs`` [B, ...] (``obs_step``)."""
+        embed = self.net.apply(params, obs, method=WorldModelNet.encode)
+        return self.obs_step(params, state, action, embed, is_first, key)[0]
+
+    def step(self, params, state, action, key):
+        """One prior step (``img_step``), with the reward and the continue probability the
+        heads read from the state reached."""
+        state = self.img_step(params, state, action, key)
+        reward_logits, cont_logit = self.heads(params, features(state))
+        return state, self.reward_head.predict(reward_logits), jax.nn.sigmoid(cont_logit)
+
+    def features(self, params, state):
+        del params
+        return features(state)
+
+    def report(self, params, batch, context: int, key) -> dict:
+        return report(self, params, batch, context, key)
+
+    def decode(self, params, state):
+        """Frames [..., H, W, C] in [0, 1] (pixel models)."""
+        recon = self.net.apply(params, features(state), method=WorldModelNet.decode)
+        return jnp.clip(jnp.moveaxis(recon, -3, -1) + 0.5, 0.0, 1.0)
 
     def action_input(self, action):
         """Actions as the model reads them: one-hot for discrete action spaces."""
@@ -299,7 +343,7 @@ class WorldModel:
         prior = self.net.apply(params, deter, method=WorldModelNet.prior)
         return {"deter": deter, "stoch": sample_onehot(key, prior)}
 
-    def observe(self, params, state, embed, prev_action, is_first, key):
+    def observe_sequence(self, params, state, embed, prev_action, is_first, key):
         """Posterior states over a sequence: embed [B, T, E], prev_action [B, T, A] (model
         input form), is_first [B, T]. Returns (last state, states [B, T, ...], post logits,
         prior logits [B, T, S, K])."""
@@ -314,20 +358,6 @@ class WorldModel:
         last, outs = jax.lax.scan(step, state, (time_major(prev_action), time_major(embed),
                                                 time_major(is_first), keys))
         return (last, *jax.tree.map(time_major, outs))
-
-    def imagine(self, params, start, policy: Callable, horizon: int, key):
-        """Rolls the prior forward ``horizon`` steps from ``start`` [N, ...] under
-        ``policy(features [N, F], key) -> model-input action [N, A]``. Returns states
-        [N, H + 1, ...] (the start first) and the actions taken [N, H] in model-input form."""
-
-        def step(state, k):
-            k_act, k_img = jax.random.split(k)
-            action = policy(features(state), k_act)
-            return self.img_step(params, state, action, k_img), (state, action)
-
-        last, (states, actions) = jax.lax.scan(step, start, jax.random.split(key, horizon))
-        states = jax.tree.map(lambda seq, x: jnp.concatenate([seq, x[None]], 0), states, last)
-        return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), (states, actions))
 
     def heads(self, params, feat):
         """(reward logits [..., bins], continue logit [...])."""
@@ -351,8 +381,9 @@ class WorldModel:
         embed = self.net.apply(params, batch["obs"], method=WorldModelNet.encode)
         action = self.action_input(batch["action"])
         prev_action = jnp.concatenate([jnp.zeros_like(action[:, :1]), action[:, :-1]], 1)
-        _, states, post, prior = self.observe(params, self.initial(embed.shape[0]), embed,
-                                              prev_action, batch["is_first"], key)
+        _, states, post, prior = self.observe_sequence(
+            params, self.initial(params, embed.shape[0]), embed, prev_action,
+            batch["is_first"], key)
         feat = features(states)
         recon = self.net.apply(params, feat, method=WorldModelNet.decode)
         if batch["obs"].dtype == jnp.uint8:
@@ -380,6 +411,19 @@ class WorldModel:
         return jnp.mean(total), (metrics, states)
 
 
+def report(model: WorldModel, params, batch, context: int, key) -> dict:
+    """Open-loop predictions on ``batch`` (``open_loop``): their MSEs in the decoder's space,
+    over the observed and the imagined steps, and for pixels a side-by-side video."""
+    target, recon = open_loop(model, params, batch, context, key)
+    axes = tuple(range(2, target.ndim))
+    error = jnp.mean(jnp.sum((recon - target) ** 2, axes), 0)  # [T]
+    metrics = {"report/observed_mse": jnp.mean(error[:context]),
+               "report/openloop_mse": jnp.mean(error[context:])}
+    if model.decodes:
+        metrics["report/openloop"] = Video(video_frames(target[0], recon[0]))
+    return metrics
+
+
 def open_loop(model: WorldModel, params, batch, context: int, key):
     """Open-loop predictions (the paper's video predictions): the posterior over the first
     ``context`` steps of ``batch`` [B, T, ...], then the prior under the replayed actions for
@@ -389,9 +433,9 @@ def open_loop(model: WorldModel, params, batch, context: int, key):
     embed = model.net.apply(params, batch["obs"][:, :context], method=WorldModelNet.encode)
     action = model.action_input(batch["action"])
     prev_action = jnp.concatenate([jnp.zeros_like(action[:, :1]), action[:, :-1]], 1)
-    last, observed, _, _ = model.observe(params, model.initial(embed.shape[0]), embed,
-                                         prev_action[:, :context],
-                                         batch["is_first"][:, :context], k_obs)
+    last, observed, _, _ = model.observe_sequence(
+        params, model.initial(params, embed.shape[0]), embed, prev_action[:, :context],
+        batch["is_first"][:, :context], k_obs)
 
     def step(state, inputs):
         state = model.img_step(params, state, *inputs)

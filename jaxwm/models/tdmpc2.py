@@ -44,7 +44,9 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import optax.losses
 
+from jaxwm.models import protocol
 from jaxwm.ops import twohot
 from jaxwm.ops.dropout import dropout
 from jaxwm.ops.layer_norm import layer_norm, layer_norm_mish
@@ -364,3 +366,119 @@ def init(model: WorldModel, key, obs_dim: int):
 
 def count_params(params) -> int:
     return sum(x.size for x in jax.tree.leaves(params))
+
+
+def masked_mean(x, mask):
+    """[H, B] -> [H]: each step's mean over its valid rows."""
+    return jnp.sum(x * mask, 1) / jnp.maximum(jnp.sum(mask, 1), 1.0)
+
+
+def rollout_terms(net: WorldModel, params, obs, action, reward, terminated, inside, next_z,
+                  rho):
+    """The latent rollout of TD-MPC2's model loss (sec. 3.2) and its terms, time-major:
+    ``z_0 = h(s_0)``, ``z_{t+1} = d(z_t, a_t)`` over ``action`` [H, B, A]; the consistency
+    ``||z_{t+1} - next_z_t||^2`` to the (stopped) encodings ``next_z`` [H, B, L], the reward's
+    two-hot cross-entropy against ``reward`` [H, B] and, for episodic tasks, the termination
+    BCE against ``terminated``, each step weighted ``rho^t`` and masked by ``inside`` [H, B]
+    (the transition stays in the episode of s_0). Returns ``(zs [H + 1, B, L], terms)``."""
+    horizon = action.shape[0]
+    z0 = net.apply(params, obs[0], method=WorldModel.encode)
+
+    def step(z, a):
+        z = net.apply(params, z, a, method=WorldModel.next)
+        return z, z
+
+    _, rolled = jax.lax.scan(step, z0, action)  # z_1..z_H
+    zs = jnp.concatenate([z0[None], rolled])
+    consistency = jnp.mean((rolled - next_z) ** 2, -1)
+    reward_ce = soft_cross_entropy(net.apply(params, zs[:-1], action, method=WorldModel.reward),
+                                   reward)
+    terms = {"consistency": jnp.sum(rho * masked_mean(consistency, inside)) / horizon,
+             "reward": jnp.sum(rho * masked_mean(reward_ce, inside)) / horizon}
+    if net.episodic:
+        logits = net.apply(params, rolled, method=WorldModel.termination)
+        bce = optax.losses.sigmoid_binary_cross_entropy(logits, terminated)
+        terms["termination"] = jnp.sum(bce * inside) / jnp.maximum(jnp.sum(inside), 1.0)
+    return zs, terms
+
+
+@dataclasses.dataclass(frozen=True)
+class LatentModel:
+    """TD-MPC2's latent model on the world-model protocol (``models.protocol``): the state is
+    the latent ``z`` (SimNorm'd), ``observe`` encodes an observation, ``step`` is the
+    dynamics with the reward head's two-hot prediction of the transition's reward, and the
+    termination head's continuation for episodic tasks (1 otherwise); ``features`` are the
+    latent itself. The model decodes no observations. Actions in [-1, 1]."""
+
+    net: WorldModel
+    rho: float = 0.5
+    consistency_coef: float = 20.0
+    reward_coef: float = 0.1
+    termination_coef: float = 1.0
+    discrete = False
+    decodes = False
+    differentiable = True
+
+    @property
+    def action_dim(self) -> int:
+        return self.net.action_dim
+
+    def init(self, key, example_obs):
+        """Parameters (every head's, the Q ensemble and policy prior included) from an
+        example observation batch."""
+        return init(self.net, key, example_obs.shape[-1])
+
+    def loss(self, params, batch, key):
+        """TD-MPC2's model loss without its value terms (the agent learning in the model
+        brings its own): consistency, reward and termination over the ``[B, T]`` sequences
+        of ``batch`` in the replay's convention (``obs``, ``action`` taken at it, ``reward``,
+        ``is_terminal``, ``is_first`` arriving with it), from each sequence's first
+        observation (``rollout_terms``). Returns ``(loss, (metrics, encodings [B, T, L]))``:
+        every observation's latent, where imagination starts."""
+        del key
+        tm = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731
+        obs, action = tm(batch["obs"]).astype(jnp.float32), tm(batch["action"])[:-1]
+        horizon = action.shape[0]
+        inside = jnp.cumprod(1.0 - tm(batch["is_first"])[1:].astype(jnp.float32), axis=0)
+        encoded = self.net.apply(params, obs, method=WorldModel.encode)  # [T, B, L]
+        _, terms = rollout_terms(
+            self.net, params, obs, action, tm(batch["reward"])[1:].astype(jnp.float32),
+            tm(batch["is_terminal"])[1:].astype(jnp.float32), inside,
+            jax.lax.stop_gradient(encoded[1:]),
+            self.rho ** jnp.arange(horizon, dtype=jnp.float32))
+        total = self.consistency_coef * terms["consistency"] + self.reward_coef * terms[
+            "reward"] + self.termination_coef * terms.get("termination", 0.0)
+        return total, ({f"model/{k}": v for k, v in {**terms, "loss": total}.items()},
+                       tm(encoded))
+
+    def report(self, params, batch, context: int, key) -> dict:
+        """The reward predicted open loop (``protocol.open_loop``) against the replay's."""
+        rewards, _ = protocol.open_loop(self, params, batch, context, key)
+        return {"report/openloop_reward_mse": jnp.mean(
+            (rewards - batch["reward"][:, context:]) ** 2)}
+
+    def initial(self, params, batch: int):
+        del params
+        return jnp.zeros((batch, self.net.sizes.latent_dim))
+
+    def observe(self, params, state, action, obs, is_first, key):
+        del state, action, is_first, key
+        return self.net.apply(params, jnp.asarray(obs, jnp.float32), method=WorldModel.encode)
+
+    def step(self, params, state, action, key):
+        del key
+        reward = decode(self.net.apply(params, state, action, method=WorldModel.reward))
+        state = self.net.apply(params, state, action, method=WorldModel.next)
+        if self.net.episodic:
+            cont = 1.0 - jax.nn.sigmoid(self.net.apply(params, state,
+                                                       method=WorldModel.termination))
+        else:
+            cont = jnp.ones(state.shape[:-1])
+        return state, reward, cont
+
+    def features(self, params, state):
+        del params
+        return state
+
+    def decode(self, params, state):
+        raise NotImplementedError("TD-MPC2's latent model decodes no observations.")

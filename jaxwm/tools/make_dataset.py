@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 import jaxwm
 import jaxwm.config
+from jaxwm import runner
 from jaxwm.agents import sac
 from jaxwm.data import datasets
 from jaxwm.envs import acting, make_env
@@ -48,6 +49,20 @@ from jaxwm.loop.metrics import read_jsonl
 LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
 MEDIUM_FRACTION = 1 / 3
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def make_missing_inputs(config) -> None:
+    """Makes the files a config says how to make when they are missing, before anything is
+    built: a dataset (``config.dataset`` with ``config.dataset_make.level`` set), its
+    behaviour agent trained in a run of its own (``make``)."""
+    make = config.get("dataset_make")
+    path = os.path.expanduser(str(config.get("dataset", "") or ""))
+    if make is None or not make.level or not path or os.path.exists(path):
+        return
+    tqdm.write(f"{path} does not exist: making it ({config.env.id}, {make.level}, "
+               f"{make.size} transitions) with python -m jaxwm.tools.make_dataset.")
+    make(config.env.id, make.level, path, size=make.size,
+                      train_steps=make.train_steps, seed=config.seed)
 
 
 def behaviour_config(env_id: str, train_steps: int, snapshot_every: int, seed: int):
@@ -63,8 +78,6 @@ def behaviour_config(env_id: str, train_steps: int, snapshot_every: int, seed: i
 def train_behaviour(config, workdir: str) -> list[tuple[int, float]]:
     """Trains (or finishes, or reuses) the behaviour SAC; returns [(env_steps, eval return)]
     at every snapshot."""
-    from jaxwm import runner
-
     config.resume = bool(saved_steps(workdir))
     runner.run(config, workdir)
     evals = {int(row["step"]): float(row["eval/episodic_return"])

@@ -1,0 +1,115 @@
+"""World models and agents as components a config names: ``config.components.world_model``
+and ``config.components.agent``, so that pairing a world model with another system's agent is
+a config (``configs/pairing.py``), not a new algorithm.
+
+World models (each on the protocol of ``models.protocol``; the first two trainable by the
+world-model-and-agent wiring, ``jaxwm.algos.dreamer``, the others by their own systems):
+
+* ``rssm``: DreamerV3's RSSM (``models.rssm``), sized by ``config.dreamer``;
+* ``tdmpc2``: TD-MPC2's latent model (``models.tdmpc2.LatentModel``), sized and weighted by
+  ``config.tdmpc2`` (its value terms left to the agent);
+* ``nextframe`` (SimPLe's, ``algo=simple``), ``vae_mdnrnn`` (World Models', ``algo=
+  worldmodels``), ``ensemble`` (MOPO's, ``algo=mopo``): listed so that a config naming them
+  here is refused in one line.
+
+Agents (``jaxwm.agents.dreamer``'s learner for the first two):
+
+* ``imagination``: DreamerV3's actor-critic, learned in the model's imagination;
+* ``mppi``: the same actor-critic learned the same way, acting by MPPI planning in the model
+  (``agents.mppi``; the critic's value as the terminal value, the actor's rollouts among the
+  candidates, as TD-MPC2 plans with its Q and policy prior);
+* ``cmaes``: a linear controller on the model's features evolved by CMA-ES inside the model
+  (``agents.cma_es``, as World Models evolves in its dream), the model trained alone.
+
+``check`` refuses what cannot work, in one line: an agent that backpropagates through the
+dynamics (the actor-critic with continuous actions) on a model whose steps have no gradient,
+MPPI (which samples in a box) on discrete actions, a model this wiring does not train.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from jaxwm.config import ConfigError
+from jaxwm.models import rssm
+from jaxwm.models import tdmpc2 as tdmpc2_model
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelComponent:
+    differentiable: bool
+    trained_by: str = ""  # the algorithm that trains it, where this wiring does not
+
+
+WORLD_MODELS = {
+    "rssm": ModelComponent(differentiable=True),
+    "tdmpc2": ModelComponent(differentiable=True),
+    "nextframe": ModelComponent(differentiable=False, trained_by="simple"),
+    "vae_mdnrnn": ModelComponent(differentiable=True, trained_by="worldmodels"),
+    "ensemble": ModelComponent(differentiable=True, trained_by="mopo"),
+}
+AGENTS = ("imagination", "mppi", "cmaes")
+
+
+def check(config, spec) -> None:
+    """One-line refusals of a pairing that cannot work (module docstring)."""
+    c = config.components
+    if c.world_model not in WORLD_MODELS:
+        raise ConfigError(f"components.world_model={c.world_model!r}; choose one of "
+                          f"{sorted(WORLD_MODELS)}.")
+    if c.agent not in AGENTS:
+        raise ConfigError(f"components.agent={c.agent!r}; choose one of {list(AGENTS)}.")
+    if spec is None:  # the rest: with the env's spaces (validate_env)
+        return
+    model = WORLD_MODELS[c.world_model]
+    if c.agent in ("imagination", "mppi") and not spec.discrete and not model.differentiable:
+        raise ConfigError(f"{c.world_model} with the imagination actor-critic cannot work: "
+                          "for continuous actions the actor learns by backpropagating returns "
+                          f"through the dynamics, and {c.world_model}'s steps have no "
+                          "gradient.")
+    if model.trained_by:
+        raise ConfigError(f"components.world_model={c.world_model!r} is trained by its own "
+                          f"system's phases (algo={model.trained_by}); this wiring trains "
+                          "rssm or tdmpc2.")
+    if c.agent == "mppi" and spec.discrete:
+        raise ConfigError("components.agent=mppi samples action sequences in a box; "
+                          f"{spec.env_id}'s actions are discrete (use imagination or cmaes).")
+    if c.world_model == "tdmpc2" and (spec.discrete or spec.is_pixels):
+        raise ConfigError("components.world_model=tdmpc2 takes vector observations and a box "
+                          f"of actions; {spec.env_id} has {spec.obs_shape} observations and "
+                          f"{'discrete' if spec.discrete else 'box'} actions.")
+    check_spaces(spec)
+
+
+def check_spaces(spec) -> None:
+    """The observation and action spaces the models here can take (the RSSM's image size)."""
+    if spec.is_pixels and spec.obs_shape[1:] != (rssm.IMAGE_SIZE, rssm.IMAGE_SIZE):
+        raise ConfigError(
+            f"{spec.env_id}: images of {spec.obs_shape[1:]} pixels; the DreamerV3 encoder takes "
+            f"{rssm.IMAGE_SIZE}x{rssm.IMAGE_SIZE} (set env.img_height and env.img_width to "
+            f"{rssm.IMAGE_SIZE}).")
+    if (not spec.discrete and len(spec.action_shape) != 1) or \
+            (spec.discrete and spec.action_shape != ()):
+        kind = "discrete" if spec.discrete else "box"
+        raise ConfigError(f"{spec.env_id}: dreamer supports one discrete action or a flat box, "
+                          f"not a {kind} action of shape {spec.action_shape}.")
+    if len(spec.obs_shape) not in (1, 3):
+        raise ConfigError(f"{spec.env_id}: dreamer takes vector or image observations, not "
+                          f"shape {spec.obs_shape}.")
+
+
+def world_model(config, spec):
+    """The configured world model for ``spec`` (a trainable one: ``check`` first)."""
+    name = config.components.world_model
+    action_dim = spec.num_actions if spec.discrete else spec.action_shape[0]
+    if name == "rssm":
+        d = config.dreamer
+        return rssm.make(spec.obs_shape, action_dim, spec.discrete, d.model_size,
+                         num_bins=d.num_bins, unimix=d.unimix, dtype=jnp.dtype(d.compute_dtype),
+                         twohot_space=d.twohot, **dict(d.size_overrides))
+    t = config.tdmpc2
+    net = tdmpc2_model.WorldModel(action_dim, tdmpc2_model.SIZES[t.model_size], t.episodic)
+    return tdmpc2_model.LatentModel(net, t.rho, t.consistency_coef, t.reward_coef,
+                                    t.termination_coef)
