@@ -172,9 +172,9 @@ def sim_rollout(config, state, repeats: int) -> dict:
 
     @backend.jit
     def rollout(params, learner, key):
-        k_stack, k_sim = jax.random.split(key)
+        k_stack, k_sim, k_roll = jax.random.split(key, 3)
         stack = jax.random.randint(k_stack, (n, 12, height, width), 0, 256).astype(jnp.uint8)
-        _, _, steps, _ = agent.simulate(learner, params, stack, k_sim)
+        _, _, steps, _ = agent.simulate(learner, params, stack, k_sim, k_roll)
         return steps.reward
 
     counter = {"i": 0}

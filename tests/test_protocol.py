@@ -170,3 +170,36 @@ def test_a_policy_through_a_model_observes_then_acts_on_its_state():
     np.testing.assert_allclose(state["deter"], expected["deter"], rtol=1e-5, atol=1e-6)
     again, _, _ = policy.act(params, carry, obs, jnp.ones(N, bool), jax.random.key(0))
     np.testing.assert_allclose(again[0]["deter"], expected["deter"], rtol=1e-5, atol=1e-6)
+
+
+def test_ppo_trains_in_any_world_model_as_in_an_env():
+    """``ppo.rollout_in_model``: PPO's policy acts in a world model through the acting layer
+    (here the RSSM, whose features are PPO's observations), and the rollout goes through
+    PPO's own finish and update, as SimPLe's PPO does in its simulator."""
+    import numpy as np
+
+    from jaxwm.agents import ppo
+    from jaxwm.envs.types import EnvSpec
+    from jaxwm.nets.actor_critic import config_block, make_actor_critic
+
+    model, params, obs = rssm_case()
+    starts = model.observe(params, model.initial(params, N), jnp.zeros((N, 2)), obs,
+                           jnp.ones(N, bool), jax.random.key(1))
+    feat = model.features(params, starts).shape[-1]
+    spec = EnvSpec("dream", "classic", N, (feat,), np.dtype(np.float32), False, None, (2,),
+                   -np.ones(2, np.float32), np.ones(2, np.float32), 100)
+    network = make_actor_critic(spec, config_block(hidden=(16,)))
+    cfg = ppo.config_block(num_steps=4, num_minibatches=1, update_epochs=1, anneal_lr=False)
+    hyper = ppo.PPOHyper.from_config(cfg, recurrent=False)
+    optimizer = ppo.make_optimizer(cfg, 1)
+    learner = ppo.init_learner(network, optimizer, spec, jax.random.key(2), N)
+    policy = ppo.policy(network, hyper)
+    start, final, steps, completed = ppo.rollout_in_model(
+        policy, model, params, learner, starts, jax.random.key(3), jax.random.key(4), 4)
+    assert steps.obs.shape == (4, N, feat)
+    _, (_, rollout, _) = ppo.make_finish(network, hyper)(learner, start, steps, final,
+                                                         completed)
+    update = ppo.make_update(network, hyper, optimizer, "scan")
+    new, metrics = update(learner, rollout, jax.random.key(5))
+    changed = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), new.params, learner.params)
+    assert any(jax.tree.leaves(changed)) and np.isfinite(float(metrics["losses/policy_loss"]))

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
-
 from jaxwm.config import ConfigError
 from jaxwm.models import rssm
 from jaxwm.models import tdmpc2 as tdmpc2_model
@@ -102,13 +100,9 @@ def check_spaces(spec) -> None:
 
 def world_model(config, spec):
     """The configured world model for ``spec`` (a trainable one: ``check`` first)."""
-    name = config.components.world_model
-    action_dim = spec.num_actions if spec.discrete else spec.action_shape[0]
-    if name == "rssm":
-        d = config.dreamer
-        return rssm.make(spec.obs_shape, action_dim, spec.discrete, d.model_size,
-                         num_bins=d.num_bins, unimix=d.unimix, dtype=jnp.dtype(d.compute_dtype),
-                         twohot_space=d.twohot, **dict(d.size_overrides))
+    if config.components.world_model == "rssm":
+        return rssm.for_spec(spec, config.dreamer)
+    action_dim = spec.action_shape[0]
     t = config.tdmpc2
     net = tdmpc2_model.WorldModel(action_dim, tdmpc2_model.SIZES[t.model_size], t.episodic)
     return tdmpc2_model.LatentModel(net, t.rho, t.consistency_coef, t.reward_coef,

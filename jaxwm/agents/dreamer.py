@@ -245,9 +245,7 @@ def make(spec, d, world_model=None, learns_in_imagination: bool = True) -> Dream
     action_dim = spec.num_actions if spec.discrete else spec.action_shape[0]
     dtype = jnp.dtype(d.compute_dtype)
     if world_model is None:
-        world_model = rssm.make(spec.obs_shape, action_dim, spec.discrete, d.model_size,
-                                num_bins=d.num_bins, unimix=d.unimix, dtype=dtype,
-                                twohot_space=d.twohot, **dict(d.size_overrides))
+        world_model = rssm.for_spec(spec, d)
     units = {**rssm.SIZES[d.model_size], **dict(d.size_overrides)}["units"]
     hyper = imagination.ActorCriticHyper.from_config(d)
     actor_critic = imagination.ActorCritic(

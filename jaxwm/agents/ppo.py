@@ -62,6 +62,7 @@ from jaxwm import parallel
 from jaxwm.config import ConfigError
 from jaxwm.envs import acting
 from jaxwm.envs.stats import episode_metrics
+from jaxwm.models import protocol
 from jaxwm.nets.distributions import sample_at_temperature
 from jaxwm.ops.normalize import RunningMeanStd
 from jaxwm.ops.returns import gae
@@ -302,6 +303,21 @@ def make_finish(network, hyper: PPOHyper):
 
 
 # ----------------------------------------------------------------------------- update
+
+
+def rollout_in_model(policy: acting.Policy, model, model_params, learner, starts, env_key,
+                     key, num_steps: int):
+    """PPO acting ``num_steps`` steps inside any world model (``models.protocol``, as an env
+    of the acting layer: SimPLe's simulator, a dream) from the model states ``starts`` [n, ...]
+    (the model's steps drawing from ``env_key``), one ``acting.rollout``: ``(start, final,
+    steps, completed)``, what ``make_finish`` and so ``make_update`` take as from a real
+    env."""
+    n = jax.tree.leaves(starts)[0].shape[0]
+    env_state, first = protocol.env_start(model, model_params, starts, env_key)
+    start = acting.ActorState.start(first, policy.init_carry(learner, n), n)
+    final, _, steps, completed = acting.rollout(policy, protocol.as_env(model, model_params),
+                                                learner, start, env_state, key, num_steps)
+    return start, final, steps, completed
 
 
 def _masked_mean(x, mask):

@@ -46,7 +46,7 @@ from jaxwm.data import frames as fr
 from jaxwm.data.replay import SequenceReplay
 from jaxwm.envs import acting
 from jaxwm.media import Video
-from jaxwm.models import nextframe, protocol
+from jaxwm.models import nextframe
 from jaxwm.nets.actor_critic import make_actor_critic
 from jaxwm.ops import reward_balance
 
@@ -304,27 +304,20 @@ class SimPLeAgent:
 
     # ------------------------------------------------------------------ PPO in the simulator
 
-    def simulate(self, agent: ppo.Learner, params, stack, key):
+    def simulate(self, agent: ppo.Learner, params, stack, sim_key, key):
         """PPO acting for ``ppo.num_steps`` steps in the simulator from frame stacks ``stack``
-        [n, F * 3, H, W]: ``acting.rollout`` over ``protocol.as_env``. Returns ``(start,
-        final, steps, completed)``, the start and final ``ActorState`` and the records."""
-        policy, n = self.policy, stack.shape[0]
-        k_env, k_roll = jax.random.split(key)
-        env_state, first = protocol.env_start(self.simulator, params, stack, k_env)
-        start = acting.ActorState.start(first, policy.init_carry(agent, n), n)
-        final, _, steps, completed = acting.rollout(
-            policy, protocol.as_env(self.simulator, params), agent, start, env_state, k_roll,
-            self.ppo_hyper.num_steps)
-        return start, final, steps, completed
+        [n, F * 3, H, W] (``ppo.rollout_in_model``; the simulator draws from ``sim_key``)."""
+        return ppo.rollout_in_model(self.policy, self.simulator, params, agent, stack, sim_key,
+                                    key, self.ppo_hyper.num_steps)
 
     def train_agent(self, agent: ppo.Learner, params, replay: SequenceReplay, key):
         """One PPO iteration in the simulator (module docstring)."""
         s = self.cfg
-        k_start, k_sim, k_update = jax.random.split(key, 3)
+        k_start, k_sim, k_roll, k_update = jax.random.split(key, 4)
         valid, _, _ = transitions(replay)
         index = fr.start_indices(k_start, valid, replay.data["is_first"], s.sim.num_agents)
         stack = self.constrain(fr.stacks_at(replay, index, s.frames))
-        start, final, steps, completed = self.simulate(agent, params, stack, k_sim)
+        start, final, steps, completed = self.simulate(agent, params, stack, k_sim, k_roll)
         _, ((obs_rms, return_rms), rollout, _) = ppo.make_finish(self.network, self.ppo_hyper)(
             agent, start, steps, final, completed)
         agent = agent.replace(obs_rms=obs_rms, return_rms=return_rms)

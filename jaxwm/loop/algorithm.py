@@ -108,17 +108,6 @@ def restore_actors(fresh, saved):
     return jax.tree.map(lambda f, s: f if _is_actor(f) else s, fresh, saved, is_leaf=_is_actor)
 
 
-def learner_update(update: Callable, inputs: Callable = lambda state, data: ()) -> HookFn:
-    """A hook that updates ``state.learner``: ``update(learner, *inputs(state, data), key) ->
-    (learner, metrics)``, typically a jitted function that donates the learner."""
-
-    def hook(state, data, key):
-        learner, metrics = update(state.learner, *inputs(state, data), key)
-        return state.replace(learner=learner), {}, metrics
-
-    return hook
-
-
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
     name: str

@@ -466,3 +466,12 @@ def make(obs_shape, action_dim: int, discrete: bool, size: str, twohot_space: st
     """The world model of ``size`` (a key of ``SIZES``), sizes overridable by keyword."""
     return WorldModel(WorldModelNet(tuple(obs_shape), action_dim, discrete,
                                     **{**SIZES[size], **overrides}), twohot=twohot_space)
+
+
+def for_spec(spec, d) -> WorldModel:
+    """The world model for an ``EnvSpec`` from a ``config.dreamer`` block: its size, bins,
+    latents' unimix, compute dtype, two-hot space and size overrides."""
+    action_dim = spec.num_actions if spec.discrete else spec.action_shape[0]
+    return make(spec.obs_shape, action_dim, spec.discrete, d.model_size, num_bins=d.num_bins,
+                unimix=d.unimix, dtype=jnp.dtype(d.compute_dtype), twohot_space=d.twohot,
+                **dict(d.size_overrides))
