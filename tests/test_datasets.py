@@ -15,6 +15,8 @@ from jaxwm.data import datasets
 from jaxwm.data.datasets import DatasetError, load_dataset
 from jaxwm.tools import make_dataset
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def d4rl_file(path, n=6, next_obs=True, **replace):
     """Two episodes of 3 steps: the first terminates, the second times out; obs[i] = i."""
@@ -185,6 +187,18 @@ def test_write_refuses_to_overwrite(tmp_path):
     with pytest.raises(DatasetError, match="exists"):
         datasets.write_d4rl(path, arrays, {})
     assert load_dataset(path).metadata["env_id"] == "Hopper-v4"  # untouched
+
+
+def test_a_run_makes_the_dataset_its_config_says_how_to_make(tmp_path):
+    from jaxwm.config import load
+    out = tmp_path / "made.hdf5"
+    config = load(os.path.join(ROOT, "configs/mopo.py:tiny"), {"dataset": str(out)})
+    make_dataset.make_missing_inputs(config)  # level random, 2,000 transitions
+    data = load_dataset(str(out))
+    assert data.metadata["level"] == "random" and data.metadata["size"] == 2000
+    made = out.stat().st_mtime_ns
+    make_dataset.make_missing_inputs(config)  # there now: left alone
+    assert out.stat().st_mtime_ns == made
 
 
 @pytest.mark.slow  # ~1 min: SAC trains the medium level

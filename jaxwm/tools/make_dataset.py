@@ -55,14 +55,14 @@ def make_missing_inputs(config) -> None:
     """Makes the files a config says how to make when they are missing, before anything is
     built: a dataset (``config.dataset`` with ``config.dataset_make.level`` set), its
     behaviour agent trained in a run of its own (``make``)."""
-    make = config.get("dataset_make")
+    recipe = config.get("dataset_make")
     path = os.path.expanduser(str(config.get("dataset", "") or ""))
-    if make is None or not make.level or not path or os.path.exists(path):
+    if recipe is None or not recipe.level or not path or os.path.exists(path):
         return
-    tqdm.write(f"{path} does not exist: making it ({config.env.id}, {make.level}, "
-               f"{make.size} transitions) with python -m jaxwm.tools.make_dataset.")
-    make(config.env.id, make.level, path, size=make.size,
-                      train_steps=make.train_steps, seed=config.seed)
+    tqdm.write(f"{path} does not exist: making it ({config.env.id}, {recipe.level}, "
+               f"{recipe.size} transitions) with python -m jaxwm.tools.make_dataset.")
+    make(config.env.id, recipe.level, path, size=recipe.size, train_steps=recipe.train_steps,
+         seed=config.seed)
 
 
 def behaviour_config(env_id: str, train_steps: int, snapshot_every: int, seed: int):
