@@ -15,6 +15,8 @@ which both trees have:
   ``benchmarks/dreamer.py``; updates/s.
 * ``mopo_rollout``: MOPO's model rollout as the tree's own ``benchmarks/offline.py`` times it
   (50k starts x horizon 5 on a HalfCheetah-sized 7 x 4x200 ensemble); transitions/s.
+* ``tdmpc2_plan``: TD-MPC2's ``collect`` hook once the seed steps are in, every env step an
+  MPPI plan (``configs/tdmpc2.py:pendulum``: the 1M model, 1 env, 256 samples); env steps/s.
 
 Checkpoints (not in the default list; ``--only=save_ppo,restore_ppo,save_dreamer,
 restore_dreamer --name ab_checkpoints``): seconds per save (five saves of the algorithm's
@@ -39,10 +41,11 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MEASUREMENTS = ("ppo_cartpole", "ppo_breakout", "sac", "dreamer", "dreamer_pong", "mopo_rollout")
+MEASUREMENTS = ("ppo_cartpole", "ppo_breakout", "sac", "dreamer", "dreamer_pong", "mopo_rollout",
+                "tdmpc2_plan")
 CHECKPOINTS = ("save_ppo", "restore_ppo", "save_dreamer", "restore_dreamer")
 UNITS = {"sac": "updates/s", "dreamer": "updates/s", "dreamer_pong": "updates/s",
-         "mopo_rollout": "transitions/s",
+         "mopo_rollout": "transitions/s", "tdmpc2_plan": "env steps/s",
          **{name: "s per save" if name.startswith("save") else "s per restore"
             for name in CHECKPOINTS}}
 
@@ -114,6 +117,12 @@ def measure(name: str, root: str, window: float) -> float:
         config = load("configs/sac.py:pendulum", **{"sac.learning_starts": 1024,
                                                      "sac.steps_per_collect": 256})
         hook, counted = "update_agent", 256
+    elif name == "tdmpc2_plan":
+        from jaxwm.algos import tdmpc2 as algo_module
+        config = load("configs/tdmpc2.py:pendulum", **{"env.num_envs": 1,
+                                                       "tdmpc2.seed_steps": 64,
+                                                       "tdmpc2.steps_per_collect": 8})
+        hook, counted = "collect", 8
     else:
         from jaxwm.algos import dreamer as algo_module
         config = load("configs/dreamer.py:atari100k" if name == "dreamer_pong" else
@@ -127,7 +136,7 @@ def measure(name: str, root: str, window: float) -> float:
     try:
         key = jax.random.PRNGKey(0)
         state = algo.init(key)
-        fill = 1024 if name == "sac" else 65
+        fill = {"sac": 1024, "tdmpc2_plan": 64}.get(name, 65)
         per_collect = algo.hooks["collect"].counts["env_steps"]
         for i in range(-(-fill // per_collect) + 1):
             state, _, _ = algo.hooks["collect"].fn(state, {}, jax.random.fold_in(key, i))

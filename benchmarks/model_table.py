@@ -26,7 +26,8 @@ anything. The figure is ``model_table_<backend>.png``.
 What differs between the models is part of the result: each trains as its system does
 (sequences for the RSSM, TD-MPC2's horizon-3 consistency windows, single transitions for the
 ensemble and the next-frame model, frames then latent windows for V and M), at the sizes
-stated in ``MODELS``.
+``main`` and the ``*_trainer`` functions give them (the RSSM at ``configs/pairing.py``'s
+sizes, TD-MPC2's 1M model).
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import hardware, median, parser, write_results  # noqa: E402
 
 from jaxwm import backend  # noqa: E402
-from jaxwm.agents import dreamer  # noqa: E402
+from jaxwm.agents import dreamer, mopo  # noqa: E402
 from jaxwm.agents import simple as simple_agent  # noqa: E402
 from jaxwm.config import base_config  # noqa: E402
 from jaxwm.data import frames as fr  # noqa: E402
 from jaxwm.envs import acting, make_env  # noqa: E402
+from jaxwm.envs.types import ActionBox  # noqa: E402
 from jaxwm.models import ensemble, mdnrnn, nextframe, protocol, rssm, termination, vae  # noqa: E402
 from jaxwm.models import tdmpc2 as tdmpc2_model  # noqa: E402
 from jaxwm.models.dynamics import Normalizer  # noqa: E402
@@ -78,8 +80,7 @@ def play(env_id: str, steps: int, seed: int, **env) -> dict:
     spec = pool.spec
     action = steps_.action
     if not spec.discrete:  # agent units, [-1, 1]
-        low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
-        action = (action - low) / (0.5 * (high - low)) - 1.0
+        action = ActionBox.of(spec).from_env(action)
     return spec, {"obs": np.asarray(steps_.obs), "action": np.asarray(action),
                   "reward": np.asarray(steps_.reward, np.float32),
                   "is_first": np.asarray(steps_.is_first),
@@ -123,23 +124,20 @@ def ensemble_trainer(spec, data):
     transitions (actions in the env's units)."""
     flat = {k: v[:-1].reshape((-1,) + v.shape[2:]) for k, v in data.items()}
     valid = ~data["is_first"][1:].reshape(-1)
-    low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
-    to_env = lambda a: low + (jnp.clip(a, -1, 1) + 1.0) * 0.5 * (high - low)  # noqa: E731
+    to_env = ActionBox.of(spec).to_env
     transitions = {"obs": flat["obs"][valid], "action": np.asarray(to_env(flat["action"]))[valid],
                    "reward": data["reward"][1:].reshape(-1)[valid],
                    "next_obs": data["obs"][1:].reshape((-1,) + data["obs"].shape[2:])[valid]}
-    rng = np.random.default_rng(0)
-    train, holdout = ensemble.split_indices(len(transitions["reward"]), rng)
+    split = jax.tree.map(jnp.asarray, mopo.model_split(len(transitions["reward"]), 7, seed=0))
     spec_e = ensemble.EnsembleSpec(spec.obs_shape[0], spec.action_shape[0], 7, 5, (64, 64, 64),
                                    weight_decay=(2.5e-5, 5e-5, 7.5e-5, 1e-4))
     state = ensemble.init(spec_e, jax.random.PRNGKey(0), Normalizer.fit(jnp.asarray(
-        ensemble.inputs(transitions["obs"][train], transitions["action"][train]))))
-    boot = rng.integers(0, len(train), (7, len(train)))
+        ensemble.inputs(transitions["obs"][split["train"]],
+                        transitions["action"][split["train"]]))))
     arrays = jax.tree.map(jnp.asarray, transitions)
-    epoch = backend.jit(lambda s, k: ensemble.train_epoch(spec_e, s, arrays, jnp.asarray(train),
-                                                         jnp.asarray(boot),
-                                                         jnp.asarray(holdout), k),
-                        donate_argnums=0)
+    epoch = backend.jit(lambda s, k: ensemble.train_epoch(
+        spec_e, s, arrays, split["train"], split["bootstrap"], split["holdout"], k),
+        donate_argnums=0)
     model = ensemble.EnsembleModel(spec_e, termination.termination_fn(spec.env_id), to_env)
     return model, state, lambda state, batch, key: epoch(state, key), lambda state: state
 
@@ -301,7 +299,7 @@ def main(argv=None) -> None:
     spec, train = play("Pendulum-v1", play_steps, seed=1)
     _, held = play("Pendulum-v1", play_steps // 4 + LENGTH, seed=2)
     probe = windows(train, LENGTH, 2, np.random.default_rng(0))
-    small = dict(deter=128, hidden=64, classes=8, units=64, depth=4)
+    small = dict(deter=128, hidden=64, classes=8, units=64, depth=4)  # configs/pairing.py's
     for name, model in (
             ("rssm", rssm.make(spec.obs_shape, 1, False, "1m", **small)),
             ("tdmpc2", tdmpc2_model.LatentModel(tdmpc2_model.WorldModel(

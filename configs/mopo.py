@@ -6,12 +6,14 @@ python -m jaxwm.train --config=configs/mopo.py:hopper_medium --config.algo=gormp
 python -m jaxwm.train --config=configs/mopo.py:halfcheetah_medium \
     --config.dataset=~/.d4rl/datasets/halfcheetah_medium-v2.hdf5
 
-Phases: ``model`` trains the dynamics ensemble epoch by epoch until no member has improved
+Phases: (GORMPO only) ``density`` fits the RealNVP density on the dataset's rows epoch by
+epoch until its validation NLL stops improving (``until=density_converged``); ``model`` trains
+the dynamics ensemble epoch by epoch until no member has improved
 its held-out MSE for ``mopo.model_patience`` epochs (``until=model_converged``; the duration
 is a cap); ``policy`` cycles imagine (one batch of model rollouts) -> update_agent
 (``mopo.updates_per_epoch`` SAC updates), OfflineRL-Kit's rollout every 1000 updates, for
 ``phases.policy.duration`` updates (3M: OfflineRL-Kit's 3000 epochs).
-GORMPO fits its density model before the loop starts (cached per dataset). Its inverse
+GORMPO's density is part of the run's state (checkpointed, fit again by a new run). Its inverse
 shape, e^(tau - logp), is unbounded: give it a small coefficient (--config.penalty_coef=0.001
 learned on pendulum_tiny where 1.0 diverged and 0.01 learned on one dataset only); softplus,
 softplus(-logp), grows with -logp too (there 1.0 learned on one dataset only, 0.1 in 2 of 3

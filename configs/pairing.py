@@ -15,8 +15,9 @@ python -m jaxwm.train --config=configs/pairing.py:rssm_cmaes           # CartPol
   RSSM, as World Models evolves in its MDN-RNN's dream; the RSSM trains alone.
 
 Any other pairing of ``components.world_model`` (rssm, tdmpc2) and ``components.agent``
-(imagination, mppi, cmaes) is a command line away; pairings that cannot work are refused in
-one line. ``tiny_<pairing>``: the contract suite's forms (tests/test_contract.py).
+(imagination, mppi, cmaes) is a command line away from any variant here (each defines every
+component's block); pairings that cannot work are refused in one line. ``tiny_<pairing>``:
+the contract suite's forms (tests/test_contract.py).
 """
 
 import ml_collections
@@ -54,22 +55,21 @@ def get_config(variant: str = "rssm_mppi") -> ml_collections.ConfigDict:
         learning_rate=3e-4, warmup=10 if tiny else 100, gamma=0.99, num_bins=5 if tiny else 255,
         report_every=2 if tiny else 200, report_batch=2, report_length=4 if tiny else 16,
         report_context=2 if tiny else 5)
-    if world_model == "tdmpc2":  # the latent model's settings (its agent's are unused here)
-        block = tdmpc2_block(model_size=1, episodic=False)
-        c.tdmpc2 = ml_collections.ConfigDict({k: block[k] for k in (
-            "model_size", "episodic", "rho", "consistency_coef", "reward_coef",
-            "termination_coef")})
+    # Every component's block, so that any other pairing is a command line away
+    # (--config.components.agent=...); each is read only by the components it names.
+    block = tdmpc2_block(model_size=1, episodic=False)  # the latent model's settings
+    c.tdmpc2 = ml_collections.ConfigDict({k: block[k] for k in (
+        "model_size", "episodic", "rho", "consistency_coef", "reward_coef", "termination_coef")})
+    if world_model == "tdmpc2":
         c.dreamer.batch_size = 8 if tiny else 64
-    if agent == "mppi":  # agents.mppi.MPPIHyper, smaller than TD-MPC2's 512 x 6 for a CPU
-        c.mppi = ml_collections.ConfigDict(dict(
-            horizon=3 if tiny else 8, iterations=2 if tiny else 4,
-            num_samples=16 if tiny else 128, num_elites=4 if tiny else 16,
-            num_pi_trajs=2 if tiny else 8, temperature=0.5, min_std=0.05, max_std=2.0,
-            envs_per_batch=0))
-    if agent == "cmaes":
-        c.cmaes = ml_collections.ConfigDict(dict(
-            population=4 if tiny else 16, episodes=1 if tiny else 4, sigma=0.5,
-            max_steps=4 if tiny else 100, start_batch=2 if tiny else 16))
+    # agents.mppi.MPPIHyper, smaller than TD-MPC2's 512 x 6 for a CPU.
+    c.mppi = ml_collections.ConfigDict(dict(
+        horizon=3 if tiny else 8, iterations=2 if tiny else 4, num_samples=16 if tiny else 128,
+        num_elites=4 if tiny else 16, num_pi_trajs=2 if tiny else 8, temperature=0.5,
+        min_std=0.05, max_std=2.0, envs_per_batch=0))
+    c.cmaes = ml_collections.ConfigDict(dict(
+        population=4 if tiny else 16, episodes=1 if tiny else 4, sigma=0.5,
+        max_steps=4 if tiny else 100, start_batch=2 if tiny else 16))
     c.phase_order = ("prefill", "train")
     d = c.dreamer
     c.phases.prefill = dict(unit="env_steps", duration=d.get_ref("prefill") * c.env.get_ref(

@@ -37,6 +37,20 @@ def test_tdmpc2s_latent_model_takes_a_box_of_actions():
         runner.validate(pairing("tiny_tdmpc2_imagination", **{"env.id": "CartPole-v1"}))
 
 
+def test_any_other_pairing_is_a_command_line_away_from_a_pairing_config(tmp_path):
+    config = pairing("tiny_tdmpc2_imagination", **{"components.agent": "cmaes"})
+    summary = train.run(config, str(tmp_path))
+    assert summary["generations"] > 0 and "cma/return_best" in summary
+
+
+def test_a_config_without_a_components_block_is_refused_in_one_line():
+    config = load(os.path.join(ROOT, "configs/dreamer.py:tiny"),
+                  {"components.agent": "cmaes", "log.progress": False})
+    with pytest.raises(ConfigError, match="takes its settings from config.cmaes, which this "
+                                          "config lacks; start from a configs/pairing.py"):
+        runner.validate(config)
+
+
 @pytest.mark.parametrize("variant", ["tiny_rssm_mppi", "tiny_tdmpc2_imagination",
                                      "tiny_rssm_cmaes"])
 def test_each_pairing_trains_and_evaluates(variant, tmp_path):

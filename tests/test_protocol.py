@@ -113,10 +113,17 @@ def test_imagine_and_fixed_sequences_agree_with_stepping_by_hand(name):
         state, reward, cont = model.step(params, state, action(model, k_act), k_step)
         np.testing.assert_allclose(trajectory.rewards[:, t], reward, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(trajectory.conts[:, t], cont, rtol=1e-4, atol=1e-5)
-    if not model.differentiable:  # argmax frames: the same draws give the same frames
-        rewards, conts, _ = protocol.rollout_sequences(
-            model, params, start, trajectory.actions, jax.random.key(6))
-        assert rewards.shape == conts.shape == (N, horizon)
+    key = jax.random.key(6)
+    rewards, conts, final = jax.jit(lambda p, s, a, k: protocol.rollout_sequences(
+        model, p, s, a, k))(params, start, trajectory.actions, key)
+    state = start
+    for t, k in enumerate(jax.random.split(key, horizon)):
+        state, reward, cont = model.step(params, state, trajectory.actions[:, t], k)
+        np.testing.assert_allclose(rewards[:, t], reward, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(conts[:, t], cont, rtol=1e-4, atol=1e-5)
+    for got, expected in zip(jax.tree.leaves(final), jax.tree.leaves(state), strict=True):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected, np.float32),
+                                   rtol=1e-4, atol=1e-4)
 
 
 def test_as_env_ends_rows_where_the_model_stops_continuing_and_keeps_them_ended():

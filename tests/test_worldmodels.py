@@ -198,7 +198,7 @@ def small_agent():
 
 def test_frames_are_read_the_same_channels_first_or_last():
     """envpool's CarRacing frames are [n, 3, 96, 96]: the same picture as [n, 96, 96, 3]."""
-    from jaxwm.agents.worldmodels import preprocess
+    from jaxwm.models.vision_memory import preprocess
 
     hwc = jax.random.randint(jax.random.key(0), (2, 96, 96, 3), 0, 256).astype(jnp.uint8)
     chw = jnp.moveaxis(hwc, -1, 1)
@@ -236,7 +236,7 @@ def test_the_agent_resets_its_memory_at_episode_starts_and_shares_v_and_m_in_a_p
 def test_episode_returns_count_each_envs_first_episode_only():
     """Rewards arrive with the row after the action; a row that ends the episode brings its
     last reward, and nothing after it counts (the next rows are another episode)."""
-    from jaxwm.agents.worldmodels import episode_returns
+    from jaxwm.agents.cma_es import first_episode_returns as episode_returns
     from jaxwm.envs.acting import Steps
 
     reward = jnp.array([[9.0, 9.0], [1.0, 2.0], [1.0, 2.0], [5.0, 2.0], [7.0, 2.0]])

@@ -172,18 +172,6 @@ def generation_in_model(evolution: Evolution, controller: Controller, model, epi
     return generation
 
 
-def release(donated, result) -> None:
-    """Frees what a donating generation could not reuse, once its ``result`` is ready.
-    evosax's CMA-ES recomputes its eigenbasis ``B`` and scales ``D`` from ``C`` every
-    generation; LAPACK's eigendecomposition writes buffers of its own, so XLA cannot put them
-    in the donated ones, which would otherwise outlive the call beside the new. (Deleting an
-    input the dispatched program may still be reading crashed a worker once: wait first.)"""
-    jax.block_until_ready(result)
-    for x in jax.tree.leaves(donated):
-        if isinstance(x, jax.Array) and not x.is_deleted():
-            x.delete()
-
-
 def group_returns(reward: jax.Array, valid: jax.Array, groups: int) -> jax.Array:
     """Each group's mean return per env: ``reward`` and ``valid`` ``[T, groups * n]`` (a
     rollout's rewards, and which of them count) summed over time and averaged over the

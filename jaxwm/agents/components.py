@@ -29,26 +29,53 @@ MPPI (which samples in a box) on discrete actions, a model this wiring does not 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from jaxwm.config import ConfigError
-from jaxwm.models import rssm
-from jaxwm.models import tdmpc2 as tdmpc2_model
+from jaxwm.models import rssm, tdmpc2
+
+
+def rssm_model(config, spec) -> rssm.WorldModel:
+    return rssm.for_spec(spec, config.dreamer)
+
+
+def tdmpc2_model(config, spec) -> tdmpc2.LatentModel:
+    t = config.tdmpc2
+    net = tdmpc2.WorldModel(spec.action_shape[0], tdmpc2.SIZES[t.model_size], t.episodic)
+    return tdmpc2.LatentModel(net, t.rho, t.consistency_coef, t.reward_coef,
+                              t.termination_coef)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelComponent:
-    differentiable: bool
+    differentiable: bool  # its imagined steps carry gradients to the actions
+    build: Callable | None = None  # (config, spec) -> the model, where this wiring trains it
+    block: str = "dreamer"  # the config block that sizes it
+    vector_box_only: bool = False  # vector observations and a box of actions only
     trained_by: str = ""  # the algorithm that trains it, where this wiring does not
 
 
+@dataclasses.dataclass(frozen=True)
+class AgentComponent:
+    block: str | None  # its own config block (beside ``config.dreamer``'s learner)
+    learns_in_imagination: bool  # the actor-critic: backpropagates returns for a box
+    samples_box: bool = False  # samples action sequences in a box (continuous actions)
+    evolves: bool = False  # a controller evolved in the model (the ``evolve`` hook)
+
+
 WORLD_MODELS = {
-    "rssm": ModelComponent(differentiable=True),
-    "tdmpc2": ModelComponent(differentiable=True),
+    "rssm": ModelComponent(differentiable=True, build=rssm_model),
+    "tdmpc2": ModelComponent(differentiable=True, build=tdmpc2_model, block="tdmpc2",
+                             vector_box_only=True),
     "nextframe": ModelComponent(differentiable=False, trained_by="simple"),
     "vae_mdnrnn": ModelComponent(differentiable=True, trained_by="worldmodels"),
     "ensemble": ModelComponent(differentiable=True, trained_by="mopo"),
 }
-AGENTS = ("imagination", "mppi", "cmaes")
+AGENTS = {
+    "imagination": AgentComponent(block=None, learns_in_imagination=True),
+    "mppi": AgentComponent(block="mppi", learns_in_imagination=True, samples_box=True),
+    "cmaes": AgentComponent(block="cmaes", learns_in_imagination=False, evolves=True),
+}
 
 
 def check(config, spec) -> None:
@@ -59,10 +86,16 @@ def check(config, spec) -> None:
                           f"{sorted(WORLD_MODELS)}.")
     if c.agent not in AGENTS:
         raise ConfigError(f"components.agent={c.agent!r}; choose one of {list(AGENTS)}.")
+    model, agent = WORLD_MODELS[c.world_model], AGENTS[c.agent]
+    for name, block in (("world_model", model.block), ("agent", agent.block)):
+        if block and block not in config:
+            raise ConfigError(
+                f"components.{name}={c[name]!r} takes its settings from config.{block}, which "
+                "this config lacks; start from a configs/pairing.py variant (each has every "
+                "component's block).")
     if spec is None:  # the rest: with the env's spaces (validate_env)
         return
-    model = WORLD_MODELS[c.world_model]
-    if c.agent in ("imagination", "mppi") and not spec.discrete and not model.differentiable:
+    if agent.learns_in_imagination and not spec.discrete and not model.differentiable:
         raise ConfigError(f"{c.world_model} with the imagination actor-critic cannot work: "
                           "for continuous actions the actor learns by backpropagating returns "
                           f"through the dynamics, and {c.world_model}'s steps have no "
@@ -71,13 +104,13 @@ def check(config, spec) -> None:
         raise ConfigError(f"components.world_model={c.world_model!r} is trained by its own "
                           f"system's phases (algo={model.trained_by}); this wiring trains "
                           "rssm or tdmpc2.")
-    if c.agent == "mppi" and spec.discrete:
-        raise ConfigError("components.agent=mppi samples action sequences in a box; "
+    if agent.samples_box and spec.discrete:
+        raise ConfigError(f"components.agent={c.agent} samples action sequences in a box; "
                           f"{spec.env_id}'s actions are discrete (use imagination or cmaes).")
-    if c.world_model == "tdmpc2" and (spec.discrete or spec.is_pixels):
-        raise ConfigError("components.world_model=tdmpc2 takes vector observations and a box "
-                          f"of actions; {spec.env_id} has {spec.obs_shape} observations and "
-                          f"{'discrete' if spec.discrete else 'box'} actions.")
+    if model.vector_box_only and (spec.discrete or spec.is_pixels):
+        raise ConfigError(f"components.world_model={c.world_model} takes vector observations "
+                          f"and a box of actions; {spec.env_id} has {spec.obs_shape} "
+                          f"observations and {'discrete' if spec.discrete else 'box'} actions.")
     check_spaces(spec)
 
 
@@ -100,10 +133,4 @@ def check_spaces(spec) -> None:
 
 def world_model(config, spec):
     """The configured world model for ``spec`` (a trainable one: ``check`` first)."""
-    if config.components.world_model == "rssm":
-        return rssm.for_spec(spec, config.dreamer)
-    action_dim = spec.action_shape[0]
-    t = config.tdmpc2
-    net = tdmpc2_model.WorldModel(action_dim, tdmpc2_model.SIZES[t.model_size], t.episodic)
-    return tdmpc2_model.LatentModel(net, t.rho, t.consistency_coef, t.reward_coef,
-                                    t.termination_coef)
+    return WORLD_MODELS[config.components.world_model].build(config, spec)

@@ -2,9 +2,10 @@
 from an env spec and a ``config.dreamer`` block; ``init``, ``policy``, ``make_update`` and
 ``report`` are what ``jaxwm.algos.dreamer`` wires to envs, a sequence replay and the loop.
 
-* ``policy``: the posterior step on each new observation (``models.rssm``'s ``obs_step``),
-  then an action from the actor; the carry is the RSSM state and the last action in the
-  model's input form, reset where ``is_first``. Actions leave in the env's units: continuous
+* ``policy``: each new observation filtered into the world model's state
+  (``protocol.through_model``: the RSSM's posterior step), then an action from the actor;
+  the carry is the model's state and the last action in the model's input form, reset where
+  ``is_first``. Actions leave in the env's units: continuous
   actions, produced in [-1, 1], are mapped onto the env's box (``env_action``); the replay
   stores them in the model's units again (``model_action``).
 * ``make_update``: one training step as the official agent's ``train``: the world model's loss
@@ -12,7 +13,7 @@ from an env spec and a ``config.dreamer`` block; ``init``, ``policy``, ``make_up
   actor-critic's losses (``agents.imagination``), the critic's replay value loss on the
   posterior states (into the world model too), one optimiser over all of it
   (``agents.optim.dreamer_optimizer``: AGC -> RMS -> momentum), then the slow critic's EMA.
-* ``report``: open-loop predictions on replayed sequences (``rssm.open_loop``).
+* ``report``: open-loop predictions on replayed sequences (the world model's ``report``).
 """
 
 from __future__ import annotations

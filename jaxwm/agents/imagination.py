@@ -3,7 +3,8 @@
 danijar/dreamerv3 ``agent.py::imag_loss``).
 
 From every posterior state of a replayed batch (the starts, gradients stopped) the world
-model imagines H = 15 steps under the actor (``WorldModel.imagine``). Then:
+model imagines H = 15 steps under the actor (``models.protocol.imagine``, any model of the
+protocol). Then:
 
 * rewards r_t and continue flags c_t come from the model's heads at the states reached
   (the start's continue flag is the data's); the discount is gamma = 1 - 1/333;

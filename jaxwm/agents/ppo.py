@@ -139,7 +139,7 @@ def make_optimizer(cfg, anneal_updates: int,
     if cfg.anneal_lr:
         lr = optax.linear_schedule(cfg.learning_rate, 0.0, anneal_updates)
     else:  # a schedule, not a number: inject_hyperparams would store a number in the state,
-        # and a resume that lowers the rate (checkpoint.RESUMABLE_SETTINGS) would not apply it
+        # and a resume that lowers the rate (algos.Entry.resumable) would not apply it
         lr = optax.constant_schedule(cfg.learning_rate)
     adam = optax.inject_hyperparams(_clipped_adam, static_args="max_grad_norm")(
         learning_rate=lr, max_grad_norm=cfg.max_grad_norm)

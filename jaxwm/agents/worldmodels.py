@@ -20,8 +20,8 @@ Learning, each a pure function the algorithm compiles:
   row starts anew, and a transition counts only if both rows belong to one episode;
 * ``real_generation`` / ``dream_generation``: one CMA-ES generation (``agents.cma_es``), ask
   -> the population acts -> tell, in the real env (a freshly reset pool, each candidate
-  scored by the mean return of its envs' first episodes, ``episode_returns``) or in M's
-  dream (``models.vision_memory.VisionMemory`` as an env of the acting layer,
+  scored by the mean return of its envs' first episodes, ``cma_es.first_episode_returns``)
+  or in M's dream (``models.vision_memory.VisionMemory`` as an env of the acting layer,
   ``protocol.as_env``, from latents of real episode starts);
 * ``dream_beside_real``: M's dream of a real stretch beside the real frames, both decoded.
 """
@@ -54,8 +54,6 @@ class Learner:
     params: Any
     opt_state: optax.OptState
 
-
-episode_returns = cma_es.first_episode_returns
 
 
 def brownian(spec, dt: float = 1 / 50) -> acting.Policy:
@@ -209,7 +207,7 @@ class Agent:
                 _, _, steps, _ = acting.rollout(policy, env, params, actor, handle,
                                                 jax.random.split(key, population),
                                                 max_steps + 1)
-                return episode_returns(steps).reshape(population, -1).mean(-1), {}
+                return cma_es.first_episode_returns(steps).reshape(population, -1).mean(-1), {}
 
             return evolution.generation(es, evaluate, key)
 
@@ -259,5 +257,3 @@ class Agent:
         decode = lambda z: self.vision.apply(vae_params, z, method=vae.ConvVAE.decode)  # noqa
         return Video(jnp.concatenate([decode(window["mu"]), decode(dreamed)], axis=2), fps=15)
 
-
-__all__ = ["Agent", "Learner", "brownian", "episode_returns", "preprocess"]

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 
 import jax
 
-from jaxwm.config import ConfigError, is_learning_rate, pool_is_async
+from jaxwm.config import ConfigError, pool_is_async
 
 # Modules imported lazily so that one algorithm's imports never slow another:
 # ``"module"`` (its ``ENTRY``) or ``"module:NAME"``.
@@ -118,11 +118,6 @@ class Entry:
     @property
     def tiny_configs(self) -> tuple[str, ...]:
         return (self.tiny, *self.tiny_more)
-
-    @property
-    def learning_rates(self) -> tuple[str, ...]:
-        """The resumable learning rates (what the NaN stop advises lowering)."""
-        return tuple(k for k in self.resumable if is_learning_rate(k))
 
 
 def names() -> tuple[str, ...]:

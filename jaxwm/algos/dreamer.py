@@ -29,7 +29,7 @@ ones, produced in [-1, 1], are mapped to the env's box.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -67,7 +67,12 @@ def phase_hooks(config) -> dict[str, tuple[str, ...]]:
     """The train phase's ``collect:M, update_model:K`` derived from ``dreamer.train_ratio``,
     for a config that leaves ``phases.train.hooks`` empty (``Algorithm.phase_hooks``)."""
     hooks = train_ratio(config).phase_hooks()
-    return {"train": hooks + (("evolve",) if config.components.agent == "cmaes" else ())}
+    return {"train": hooks + (("evolve",) if evolves(config) else ())}
+
+
+def evolves(config) -> bool:
+    """Whether the agent is a controller evolved in the model (the ``evolve`` hook)."""
+    return components.AGENTS[config.components.agent].evolves
 
 
 def validate(config) -> None:
@@ -87,16 +92,21 @@ def hook_counts(config) -> dict[str, dict[str, int]]:
     ``python -m jaxwm.train --dry_run``'s phase table: one source)."""
     counts = {"collect": {"env_steps": config.env.num_envs * config.dreamer.steps_per_collect},
               "update_model": {"model_updates": 1}}
-    return {**counts, "evolve": {"generations": 1}} if config.components.agent == "cmaes" \
-        else counts
+    return {**counts, "evolve": {"generations": 1}} if evolves(config) else counts
+
+
+class Search(NamedTuple):
+    """CMA-ES's strategy and the controller it evolves (``components.agent=cmaes``)."""
+    evolution: cma_es.Evolution
+    controller: cma_es.Controller
 
 
 def make_agent(config, spec):
     """The learner (world model and, unless CMA-ES, its actor-critic), the policy acting in
-    the real env, its parameters in a state, and CMA-ES's strategy (else ``None``)."""
+    the real env, its parameters in a state, and CMA-ES's ``Search`` (else ``None``)."""
     kind = config.components.agent
     agent = dreamer.make(spec, config.dreamer, components.world_model(config, spec),
-                         learns_in_imagination=kind != "cmaes")
+                         learns_in_imagination=components.AGENTS[kind].learns_in_imagination)
     if kind == "imagination":
         return agent, agent.policy(), lambda state: state.learner, None
     if kind == "mppi":
@@ -104,20 +114,20 @@ def make_agent(config, spec):
         return agent, agent.planner(hyper), lambda state: state.learner, None
     c = config.cmaes
     controller = cma_es.Controller(agent.feat_dim, agent.action_dim)
-    evolution = cma_es.Evolution(controller.num_params, c.population, c.sigma)
+    search = Search(cma_es.Evolution(controller.num_params, c.population, c.sigma), controller)
     policy = protocol.through_model(agent.world_model, lambda params: params["model"],
                                     cma_es.controller_on_model(controller, agent.world_model),
                                     agent.env_action)
-    return agent, policy, lambda state: {"model": state.learner.params["model"],
-                                         "controller": evolution.mean(state.evolution)}, \
-        evolution
+    return agent, policy, lambda state: {
+        "model": state.learner.params["model"],
+        "controller": search.evolution.mean(state.evolution)}, search
 
 
 def build(config) -> Algorithm:
     d, num_envs = config.dreamer, config.env.num_envs  # envs per seed
     env = acting.make_pool(config)
     spec = env.spec
-    agent, policy, policy_params, evolution = make_agent(config, spec)
+    agent, policy, policy_params, search = make_agent(config, spec)
     # Data parallel as online SAC: acting runs on the process's first device; parameters,
     # optimiser and replay are replicated over the mesh, and each update's sequences are
     # split over its ``data`` axis.
@@ -144,10 +154,10 @@ def build(config) -> Algorithm:
         action = jnp.zeros((), jnp.int32) if spec.discrete else jnp.zeros(agent.action_dim)
         example = {"obs": example_obs[0], "action": action, "reward": jnp.zeros(()),
                    "is_first": jnp.zeros((), bool), "is_terminal": jnp.zeros((), bool)}
-        return DreamerState(agent.init(key if evolution is None else k_learner, example_obs),
+        return DreamerState(agent.init(key if search is None else k_learner, example_obs),
                             SequenceReplay.create(d.capacity, example, num_envs),
                             jnp.zeros((), jnp.int32), None,
-                            None if evolution is None else evolution.init(k_es))
+                            None if search is None else search.evolution.init(k_es))
 
     def init(key):
         state = compiler.init(init_one)(key)
@@ -156,8 +166,8 @@ def build(config) -> Algorithm:
     hooks = {"collect": Hook(actor.replay_hook(policy_params),
                              counts=hook_counts(config)["collect"]),
              "update_model": update_model_hook(config, agent, compiler)}
-    if evolution is not None:
-        hooks["evolve"] = evolve_hook(config, agent, evolution, compiler)
+    if search is not None:
+        hooks["evolve"] = evolve_hook(config, agent, search, compiler)
     return Algorithm(name="DreamerV3" if config.algo == "dreamer" else
                      "{world_model} + {agent}".format(**config.components), init=init,
                      hooks=hooks, policy=policy, policy_params=policy_params,
@@ -205,12 +215,11 @@ def update_model_hook(config, agent, compiler) -> Hook:
     return dataclasses.replace(train_hook, fn=hook)
 
 
-def evolve_hook(config, agent, evolution, compiler) -> Hook:
+def evolve_hook(config, agent, search: Search, compiler) -> Hook:
     """One CMA-ES generation in the world model, from states of replayed sequences."""
     c, model = config.cmaes, agent.world_model
-    controller = cma_es.Controller(agent.feat_dim, agent.action_dim)
-    generation = cma_es.generation_in_model(evolution, controller, model, c.episodes,
-                                            c.max_steps)
+    generation = cma_es.generation_in_model(search.evolution, search.controller, model,
+                                            c.episodes, c.max_steps)
 
     def evolve(state, data, key):
         k_starts, k_env, k_run = jax.random.split(key, 3)
@@ -220,14 +229,8 @@ def evolve_hook(config, agent, evolution, compiler) -> Hook:
         es, metrics = generation(state.evolution, params, starts, k_env, k_run)
         return state.replace(evolution=es), {}, metrics
 
-    hook = compiler.hook(evolve, counts=hook_counts(config)["evolve"])
-
-    def evolve_and_release(state, data, key):
-        out = hook.fn(state, data, key)
-        cma_es.release(state.evolution, out[0].evolution)  # what it could not update in place
-        return out
-
-    return dataclasses.replace(hook, fn=evolve_and_release)
+    # Frees what CMA-ES's eigendecomposition could not update in place.
+    return compiler.hook(evolve, counts=hook_counts(config)["evolve"], frees_donated=True)
 
 
 ENTRY = Entry(

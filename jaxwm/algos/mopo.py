@@ -62,14 +62,19 @@ class MOPOState:
     density_key: jax.Array | None
 
 
+def fits_density(config) -> bool:
+    """GORMPO fits a density and penalises by it; MOPO penalises by the ensemble's spread."""
+    return config.algo == "gormpo"
+
+
 def penalty_shape(config) -> str:
     """The penalty in use: ``config.penalty``, or the algorithm's own when left empty."""
-    return config.penalty or (UNCERTAINTY if config.algo == "mopo" else "linear")
+    return config.penalty or ("linear" if fits_density(config) else UNCERTAINTY)
 
 
 def validate(config) -> None:
     m, shape = config.mopo, penalty_shape(config)
-    valid = (UNCERTAINTY,) if config.algo == "mopo" else realnvp.PENALTY_SHAPES
+    valid = realnvp.PENALTY_SHAPES if fits_density(config) else (UNCERTAINTY,)
     checks = [
         (config.algo in ALGOS, f"algo must be one of {ALGOS} for configs/mopo.py."),
         (shape in valid,
@@ -101,13 +106,12 @@ def hook_counts(config) -> dict[str, dict[str, int]]:
     ``python -m jaxwm.train --dry_run``'s phase table: one source)."""
     counts = {"update_model": {"model_epochs": 1}, "imagine": {"model_rollouts": 1},
               "update_agent": {"agent_updates": config.mopo.updates_per_epoch}}
-    return {"fit_density": {"density_epochs": 1}, **counts} if config.algo == "gormpo" \
-        else counts
+    return {"fit_density": {"density_epochs": 1}, **counts} if fits_density(config) else counts
 
 
 def phase_hooks(config) -> dict[str, tuple[str, ...]]:
     """GORMPO fits its density in phase ``density``; MOPO, which has none, leaves it out."""
-    return {"density": ("fit_density",) if config.algo == "gormpo" else ()}
+    return {"density": ("fit_density",) if fits_density(config) else ()}
 
 
 def offline_data(config, dataset, mesh):
@@ -128,7 +132,7 @@ def offline_data(config, dataset, mesh):
         arrays["obs"][sp["train"]], arrays["action"][sp["train"]]))) for sp in splits])
     data = {"model_split": parallel.replicate(jax.tree.map(jnp.asarray, seeds.stack(splits)),
                                               mesh)}
-    if config.algo != "gormpo":
+    if not fits_density(config):
         return artifacts, data, scaler, None
     train, val, _ = realnvp.split_indices(len(dataset), np.random.default_rng(g.density_seed))
     data["density_split"] = parallel.replicate({"train": jnp.asarray(train),
@@ -145,7 +149,7 @@ def build(config) -> Algorithm:
     model_spec = mopo.ensemble_spec(config, obs_dim, action_dim)
     nets = sac.SACNets.from_config(box, s)
     hyper = mopo.sac_hyper(config)
-    shape, gormpo = penalty_shape(config), config.algo == "gormpo"
+    shape, gormpo = penalty_shape(config), fits_density(config)
     compiler = HookCompiler.for_config(config)
     mesh = compiler.mesh
     constrain_members = parallel.batch_on_axis(mesh, 1)  # [members, batch]
@@ -225,9 +229,9 @@ _SHARED = dict(
     offline=True,
     capabilities=continuous_control("sac.batch_size", "mopo.rollout_batch", "mopo.model_batch"),
     resumable=("sac.actor_lr", "sac.critic_lr", "sac.alpha_lr", "mopo.model_lr"),
-    fixed={"gormpo.learning_rate": "GORMPO's density model is fit once, before training, and "
-                                   "scores every rollout of the run; another rate would fit "
-                                   "another model (start a new run)"},
+    fixed={"gormpo.learning_rate": "GORMPO's density is fit once, in its phase before the "
+                                   "rest, and scores every rollout of the run; another rate "
+                                   "would fit another density (start a new run)"},
     zero_means={"gormpo.density_seed": "a seed"})
 MOPO = Entry(name="mopo", tiny="configs/mopo.py:tiny", **_SHARED)
 GORMPO = Entry(name="gormpo", tiny="configs/mopo.py:tiny_gormpo", **_SHARED)

@@ -50,7 +50,7 @@ from jaxwm.envs import acting, make_env
 from jaxwm.envs.types import ActionBox
 from jaxwm.loop.algorithm import Algorithm, Hook
 from jaxwm.loop.artifacts import Artifact
-from jaxwm.loop.compile import HookCompiler
+from jaxwm.loop.compile import HookCompiler, free_donated
 from jaxwm.models import mdnrnn, vae
 
 TRAIN_IN = ("real", "dream")
@@ -229,7 +229,7 @@ def evolution_hook(config, agent: Agent, evolution: cma_es.Evolution, compiler):
         where = pool.start(done) if pool is not None else (data["latents"],)
         es, metrics = generation(state.evolution, state.vae.params, state.rnn.params, *where,
                                  key)
-        cma_es.release(state.evolution, es)
+        free_donated(state.evolution, es)  # what the eigendecomposition left
         return state.replace(evolution=es), {}, {**metrics, **video}
 
     return evolve_hook, pool

@@ -35,6 +35,19 @@ def first_seed_media(metrics: Mapping) -> dict:
             for k, v in metrics.items()}
 
 
+def free_donated(donated, result) -> None:
+    """Frees the buffers of ``donated`` that a donating program could not reuse, once its
+    ``result`` is ready. XLA writes an output in place of a donated input only where their
+    buffers match; an op that allocates its own (LAPACK's eigendecomposition, which
+    evosax's CMA-ES runs every generation) leaves the donated buffers alive beside the new
+    until Python lets go of the old state. (Deleting an input the dispatched program may
+    still be reading crashed a worker once: wait first.)"""
+    jax.block_until_ready(result)
+    for x in jax.tree.leaves(donated):
+        if isinstance(x, jax.Array) and not x.is_deleted():
+            x.delete()
+
+
 @dataclasses.dataclass(frozen=True)
 class HookCompiler:
     """Turns per-seed pure functions into compiled hooks (module docstring)."""
@@ -79,15 +92,20 @@ class HookCompiler:
 
     def hook(self, fn: Callable, *, counts: Mapping[str, int] | None = None,
              reads: tuple[str, ...] = (), writes: tuple[str, ...] = (),
-             shared: tuple[str, ...] = (), place: Callable | None = None) -> Hook:
+             shared: tuple[str, ...] = (), place: Callable | None = None,
+             frees_donated: bool = False) -> Hook:
         """The loop's ``Hook`` of a per-seed pure ``fn`` (``step``); ``place(data)`` puts
-        its inputs where the program reads them first (a rollout sharded over the devices)."""
+        its inputs where the program reads them first (a rollout sharded over the devices);
+        ``frees_donated``: ``free_donated`` after every call."""
         compiled = self.step(fn, shared)
 
         def hook(state, data, key):
             if place is not None:
                 data = place(data)
-            new, outputs, metrics = compiled(drop_actors(state), data, key)
+            old = drop_actors(state)
+            new, outputs, metrics = compiled(old, data, key)
+            if frees_donated:
+                free_donated(old, new)
             return restore_actors(state, new), outputs, metrics
 
         return Hook(hook, counts=dict(counts or {}), reads=tuple(reads), writes=tuple(writes))
