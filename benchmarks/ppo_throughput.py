@@ -42,7 +42,9 @@ import numpy as np
 from common import (
     ROOT,
     Timing,
+    between_peer_runs,
     hardware,
+    median,
     parser,
     ppo_end_to_end,
     timed,
@@ -177,33 +179,54 @@ def raw_async(variant: str, num_envs: int, batch_size: int, steps: int, repeats:
 
 def scale_rows(args) -> list[dict]:
     """Breakout at each of ``args.scale_envs``: raw synchronous and asynchronous limits, PPO
-    on a synchronous pool of N and an asynchronous pool of 2N in batches of N, with ratios."""
+    on a synchronous pool of N and an asynchronous pool of 2N in batches of N, with ratios;
+    with ``--cleanrl-command``, CleanRL's scan PPO at N envs run before and after them."""
+    rows = []
+    for n in args.scale_envs:
+        command = args.cleanrl_command.format(envs=n)
+        measured, peers = between_peer_runs(command, lambda n=n: scale_rows_at(args, n))
+        if peers:
+            peer_sps = median([p["steps_per_s"] for p in peers])
+            samples = [s for p in peers for s in p["samples_steps_per_s"]]
+            rows.append({"env": ENVS["atari"], "measurement": "peer: CleanRL scan PPO",
+                         "envs": n, "steps_per_s": peer_sps,
+                         "compile_s": median([p["first_iteration_s"] for p in peers]),
+                         "samples_s": samples})
+            for r in measured:
+                if r["measurement"].startswith("PPO"):
+                    r["over_cleanrl"] = r["steps_per_s"] / peer_sps
+            print(f"Breakout CleanRL scan PPO, {n} envs: {peer_sps:,.0f} steps/s", flush=True)
+        rows += measured
+    return rows
+
+
+def scale_rows_at(args, n: int) -> list[dict]:
+    """The limit and PPO rows of ``scale_rows`` at ``n`` envs."""
     rows = []
     repeats = 1 if args.quick else args.repeats
-    for n in args.scale_envs:
-        steps = max(16, (32 if args.quick else 2048) // n)
-        limits = {"sync": raw_env("atari", n, steps, repeats, host=False)["xla"],
-                  "async": raw_async("atari", 2 * n, n, steps, repeats)}
-        sps = {k: steps * n / t.median for k, t in limits.items()}
-        for kind, label in (("sync", f"raw envpool sync, {n} envs"),
-                            ("async", f"raw envpool async, {2 * n} envs in batches of {n}")):
-            rows.append({"env": ENVS["atari"], "measurement": f"limit: {label}", "envs": n,
-                         "steps_per_s": sps[kind], "compile_s": limits[kind].compile_s,
-                         "samples_s": limits[kind].samples})
-            print(f"Breakout {label}: {sps[kind]:,.0f} steps/s", flush=True)
-        for pool, overrides in (("sync", {"env.num_envs": n}),
-                                ("async", {"env.num_envs": 2 * n, "env.batch_size": n})):
-            if args.quick:
-                overrides["ppo.num_steps"] = 32
-            config = load_config("atari", **overrides)
-            result = ppo_end_to_end(config, 0.0 if args.quick else args.window,
-                                    1 if args.quick else args.scale_repeats, args.max_iterations)
-            what = "PPO, sync pool" if pool == "sync" else f"PPO, async pool ({2 * n} envs)"
-            rows.append({"env": ENVS["atari"], "measurement": what, "loop_form": "auto", "envs": n,
-                         **result, "over_sync_limit": result["steps_per_s"] / sps["sync"],
-                         "over_async_limit": result["steps_per_s"] / sps["async"]})
-            print(f"Breakout {what}, batches of {n}: {result['steps_per_s']:,.0f} steps/s",
-                  flush=True)
+    steps = max(16, (32 if args.quick else 2048) // n)
+    limits = {"sync": raw_env("atari", n, steps, repeats, host=False)["xla"],
+              "async": raw_async("atari", 2 * n, n, steps, repeats)}
+    sps = {k: steps * n / t.median for k, t in limits.items()}
+    for kind, label in (("sync", f"raw envpool sync, {n} envs"),
+                        ("async", f"raw envpool async, {2 * n} envs in batches of {n}")):
+        rows.append({"env": ENVS["atari"], "measurement": f"limit: {label}", "envs": n,
+                     "steps_per_s": sps[kind], "compile_s": limits[kind].compile_s,
+                     "samples_s": limits[kind].samples})
+        print(f"Breakout {label}: {sps[kind]:,.0f} steps/s", flush=True)
+    for pool, overrides in (("sync", {"env.num_envs": n}),
+                            ("async", {"env.num_envs": 2 * n, "env.batch_size": n})):
+        if args.quick:
+            overrides["ppo.num_steps"] = 32
+        config = load_config("atari", **overrides)
+        result = ppo_end_to_end(config, 0.0 if args.quick else args.window,
+                                1 if args.quick else args.scale_repeats, args.max_iterations)
+        what = "PPO, sync pool" if pool == "sync" else f"PPO, async pool ({2 * n} envs)"
+        rows.append({"env": ENVS["atari"], "measurement": what, "loop_form": "auto", "envs": n,
+                     **result, "over_sync_limit": result["steps_per_s"] / sps["sync"],
+                     "over_async_limit": result["steps_per_s"] / sps["async"]})
+        print(f"Breakout {what}, batches of {n}: {result['steps_per_s']:,.0f} steps/s",
+              flush=True)
     return rows
 
 
@@ -447,6 +470,12 @@ def main() -> None:
     p.add_argument("--scale-repeats", type=int, default=2,
                    help="windows per PPO scaling row (default 2: 64+ envs take ~30 s per iteration "
                         "on 2 cores)")
+    p.add_argument("--cleanrl-command", default="",
+                   help="a command printing one JSON line of CleanRL's scan PPO at {envs} envs "
+                        "(benchmarks/peers/cleanrl_ppo_scan.py), run before and after each "
+                        "scaling env count")
+    p.add_argument("--skip-processes", action="store_true",
+                   help="leave out the 1-vs-2-process rows")
     p.add_argument("--only-scale", action="store_true",
                    help="only the scaling and process rows (written to ppo_scaling_<backend>)")
     args = p.parse_args()
@@ -456,7 +485,7 @@ def main() -> None:
         args.scale_envs = [8]
 
     if args.only_scale:
-        rows = scale_rows(args) + process_rows(args)
+        rows = scale_rows(args) + ([] if args.skip_processes else process_rows(args))
         write_results("ppo_scaling", rows, hw, scale_notes(args), columns=SCALE_COLUMNS,
                       quick=args.quick)
         return
@@ -477,7 +506,7 @@ def main() -> None:
         rows.append(solve)
     goals = goal_rows(rows, solve, hw["backend"], args.quick)
     rows += goals
-    scaling = scale_rows(args) + process_rows(args)
+    scaling = scale_rows(args) + ([] if args.skip_processes else process_rows(args))
 
     columns = ["env", "measurement", "loop_form", "envs", "steps_per_s", "over_first", "compile_s",
                "collect_s", "update_s", "ppo_over_raw_xla", "peak_mem_mib", "wall_s", "env_steps",
@@ -489,23 +518,28 @@ def main() -> None:
 
 
 SCALE_COLUMNS = ["env", "measurement", "loop_form", "envs", "steps_per_s", "over_first",
-                 "compile_s", "collect_s", "update_s", "over_sync_limit", "over_async_limit",
+                 "compile_s", "collect_s", "update_s", "over_sync_limit", "over_async_limit", "over_cleanrl",
                  "peak_mem_mib", "wall_s", "env_steps"]
 
 
 def scale_notes(args) -> list[str]:
-    return [
+    notes = [
         "envs: the batch each step acts on (N). Limits: random actions in a jitted lax.scan; "
         "sync: N envs stepped together; async: 2N envs, recv of the first N ready, send.",
         "PPO rows: configs/ppo.py:atari (128 steps per env row, 4 x 4 minibatches); the async "
         "pool has env.num_envs=2N, env.batch_size=N, so rollouts and updates are the same size; "
         f"median of {1 if args.quick else args.scale_repeats} windows of >= {args.window} s after "
         "compilation; over_*_limit: PPO steps/s over that limit's.",
+        "peer: CleanRL's ppo_atari_envpool_xla_jax_scan.py (benchmarks/peers/cleanrl_ppo_scan.py, "
+        "the same 128 steps per env and 4 x 4 minibatches), run before and after jaxwm's rows "
+        "at each N; steps_per_s: median over both runs of its per-iteration rates after the "
+        "first; compile_s there: start-up and its first iteration; over_cleanrl: PPO / peer.",
         "Process rows: python -m jaxwm.launch --num_processes=P, Breakout, "
         f"{args.envs} envs in all (each process steps its share; the update all-reduces "
         "over gloo); steps_per_s: median charts/SPS of the log windows after the first "
         "(one per iteration); wall_s includes start-up and compilation; over_first: 2 vs 1.",
     ]
+    return notes[:-1] if args.skip_processes else notes
 
 
 if __name__ == "__main__":
