@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -177,10 +178,11 @@ def raw_async(variant: str, num_envs: int, batch_size: int, steps: int, repeats:
         env.close()
 
 
-def scale_rows(args) -> list[dict]:
+def scale_rows(args, on_rows: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
     """Breakout at each of ``args.scale_envs``: raw synchronous and asynchronous limits, PPO
     on a synchronous pool of N and an asynchronous pool of 2N in batches of N, with ratios;
-    with ``--cleanrl-command``, CleanRL's scan PPO at N envs run before and after them."""
+    with ``--cleanrl-command``, CleanRL's scan PPO at N envs run before and after them.
+    ``on_rows`` gets the rows so far after each N."""
     rows = []
     for n in args.scale_envs:
         command = args.cleanrl_command.format(envs=n)
@@ -197,6 +199,7 @@ def scale_rows(args) -> list[dict]:
                     r["over_cleanrl"] = r["steps_per_s"] / peer_sps
             print(f"Breakout CleanRL scan PPO, {n} envs: {peer_sps:,.0f} steps/s", flush=True)
         rows += measured
+        on_rows(rows)
     return rows
 
 
@@ -214,8 +217,9 @@ def scale_rows_at(args, n: int) -> list[dict]:
                      "steps_per_s": sps[kind], "compile_s": limits[kind].compile_s,
                      "samples_s": limits[kind].samples})
         print(f"Breakout {label}: {sps[kind]:,.0f} steps/s", flush=True)
-    for pool, overrides in (("sync", {"env.num_envs": n}),
-                            ("async", {"env.num_envs": 2 * n, "env.batch_size": n})):
+    pools = (("sync", {"env.num_envs": n}),
+             ("async", {"env.num_envs": 2 * n, "env.batch_size": n}))
+    for pool, overrides in pools[:1] if args.skip_async_ppo else pools:
         if args.quick:
             overrides["ppo.num_steps"] = 32
         config = load_config("atari", **overrides)
@@ -474,6 +478,8 @@ def main() -> None:
                    help="a command printing one JSON line of CleanRL's scan PPO at {envs} envs "
                         "(benchmarks/peers/cleanrl_ppo_scan.py), run before and after each "
                         "scaling env count")
+    p.add_argument("--skip-async-ppo", action="store_true",
+                   help="leave out PPO on the asynchronous pool in the scaling rows")
     p.add_argument("--skip-processes", action="store_true",
                    help="leave out the 1-vs-2-process rows")
     p.add_argument("--only-scale", action="store_true",
@@ -485,9 +491,11 @@ def main() -> None:
         args.scale_envs = [8]
 
     if args.only_scale:
-        rows = scale_rows(args) + ([] if args.skip_processes else process_rows(args))
-        write_results("ppo_scaling", rows, hw, scale_notes(args), columns=SCALE_COLUMNS,
-                      quick=args.quick)
+        def write(rows):  # after each env count too, so a run cut short keeps what it measured
+            write_results("ppo_scaling", rows, hw, scale_notes(args), columns=SCALE_COLUMNS,
+                          quick=args.quick)
+        rows = scale_rows(args, on_rows=write)
+        write(rows + ([] if args.skip_processes else process_rows(args)))
         return
     rows = []
     for variant, raw_steps in (("cartpole", 256 if args.quick else 8192),
