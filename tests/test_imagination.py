@@ -197,10 +197,17 @@ def continuous():
     return _setup(discrete=False)
 
 
-def test_discrete_actor_gradient_is_reinforce_with_a_constant_normalised_advantage(discrete):
+@pytest.fixture(scope="module")
+def continuous_reinforce():
+    return _setup(discrete=False, actor_grad_cont="reinforce")
+
+
+@pytest.mark.parametrize("setup", ["discrete", "continuous_reinforce"])
+def test_reinforce_actor_gradient_has_a_constant_normalised_advantage(setup, request):
     """Actor loss and its gradient == those of
-    mean(w * -(log pi(a_t) sg((R_t - v_t) / S) + eta H[pi])), recomputed from the rollout."""
-    s = discrete
+    mean(w * -(log pi(a_t) sg((R_t - v_t) / S) + eta H[pi])), recomputed from the rollout:
+    discrete actions, and continuous ones with ``actor_grad_cont="reinforce"``."""
+    s = request.getfixturevalue(setup)
     eta = s.ac.hyper.entropy
     losses, (grads, _, _), _ = _library(s)(eta)
     terms = _terms(s)

@@ -21,6 +21,9 @@ def pairing(variant, **overrides):
 @pytest.mark.parametrize("overrides, message", [
     ({"components.world_model": "nextframe", "components.agent": "imagination"},
      "nextframe with the imagination actor-critic cannot work: for continuous actions"),
+    # REINFORCE needs no gradient through the model: the next rule answers instead.
+    ({"components.world_model": "nextframe", "components.agent": "imagination",
+      "dreamer.actor_grad_cont": "reinforce"}, "nextframe.* is trained by its own system's"),
     ({"components.world_model": "vae_mdnrnn"}, "trained by its own system's phases"),
     ({"components.world_model": "rsm"}, "components.world_model='rsm'; choose one of"),
     ({"components.agent": "ppo"}, "components.agent='ppo'; choose one of"),

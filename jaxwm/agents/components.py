@@ -95,11 +95,12 @@ def check(config, spec) -> None:
                 "component's block).")
     if spec is None:  # the rest: with the env's spaces (validate_env)
         return
-    if agent.learns_in_imagination and not spec.discrete and not model.differentiable:
+    if agent.learns_in_imagination and not spec.discrete and not model.differentiable \
+            and config.dreamer.actor_grad_cont == "backprop":
         raise ConfigError(f"{c.world_model} with the imagination actor-critic cannot work: "
                           "for continuous actions the actor learns by backpropagating returns "
                           f"through the dynamics, and {c.world_model}'s steps have no "
-                          "gradient.")
+                          "gradient (dreamer.actor_grad_cont=reinforce needs none).")
     if model.trained_by:
         raise ConfigError(f"components.world_model={c.world_model!r} is trained by its own "
                           f"system's phases (algo={model.trained_by}); this wiring trains "

@@ -193,6 +193,9 @@ def config_block(**overrides) -> ml_collections.ConfigDict:
     d.twohot = "symexp"
     # The critic's loss on replayed states (official repval, scale 0.3; 0: off).
     d.repval = 0.3
+    # The actor's gradient for continuous actions: "backprop" through the imagined dynamics
+    # (the paper's), or "reinforce" (the newest official release's; any world model).
+    d.actor_grad_cont = "backprop"
     d.min_std = 0.1
     d.max_std = 1.0
     d.slow_rate = 0.02
@@ -236,6 +239,8 @@ def config_checks(d, num_envs: int) -> list[tuple[bool, str]]:
                                     f"{twohot.SPACES} (symexp: the official code's bins)."),
         (d.repval >= 0 and 0 <= d.actor_unimix < 1,
          "dreamer.repval must be >= 0 and dreamer.actor_unimix in [0, 1)."),
+        (d.actor_grad_cont in ("backprop", "reinforce"),
+         f"dreamer.actor_grad_cont={d.actor_grad_cont!r}: choose backprop or reinforce."),
     ]
 
 

@@ -18,8 +18,9 @@ protocol). Then:
   0.01 (eq. 11, ``ops.normalize.PercentileScale``), so small returns are not amplified;
 * actor loss (eq. 11): discrete actions use REINFORCE, -sg((R_t - v_t) / S) log pi(a_t),
   continuous ones backpropagate the normalised return through the imagined dynamics (the
-  paper's choice; the newest official release uses REINFORCE for both); both add
-  eta H[pi] with eta = 3e-4;
+  paper's choice, ``actor_grad_cont="backprop"``) or use REINFORCE too
+  (``"reinforce"``, as the newest official release does; it needs no gradient through the
+  model); both add eta H[pi] with eta = 3e-4;
 * every step is weighted by the imagined probability of still being in the episode,
   prod_{i<=t} gamma c_i / gamma (gradients stopped).
 
@@ -68,6 +69,7 @@ class ActorCriticHyper:
     num_bins: int = 255
     twohot: str = "symexp"  # the critic's two-hot space (ops.twohot.Regression)
     repval: float = 0.3  # the replay value loss's scale (0: off)
+    actor_grad_cont: str = "backprop"  # continuous actions: "backprop" | "reinforce"
 
     @property
     def value_head(self) -> twohot.Regression:
@@ -177,7 +179,8 @@ class ActorCritic:
                                       h.horizon, key)
         feat = world_model.features(model_params, trajectory.states)  # [N, H + 1, F]
         actions, reward, cont = trajectory.actions, trajectory.rewards, trajectory.conts
-        if world_model.discrete:  # REINFORCE: the trajectory itself carries no gradient
+        reinforce = world_model.discrete or h.actor_grad_cont == "reinforce"
+        if reinforce:  # the trajectory itself carries no gradient
             feat, actions, reward, cont = sg(feat), sg(actions), sg(reward), sg(cont)
         cont = jnp.concatenate([start_cont[:, None], cont], 1)
         critic_logits = self.critic.apply(params["critic"], sg(feat))
@@ -193,9 +196,9 @@ class ActorCritic:
         scale = retnorm.scale(h.return_limit)
         advantage = (returns - sg(values[:, :-1])) / scale
         dist = self.policy(params["actor"], sg(feat[:, :-1]))
-        if world_model.discrete:
-            action_index = jnp.argmax(actions, -1)
-            objective = dist.log_prob(action_index) * sg(advantage)
+        if reinforce:
+            taken = jnp.argmax(actions, -1) if world_model.discrete else actions
+            objective = dist.log_prob(taken) * sg(advantage)
         else:  # dynamics backpropagation; the baseline only shifts, so it is stopped
             objective = (returns - sg(values[:, :-1])) / scale
         entropy = dist.entropy()

@@ -12,10 +12,11 @@
 
 ``capacity`` means one thing for both: transitions (env steps over all envs), as DreamerV3's
 ``replay.size`` does; ``transitions`` is how many a buffer holds and ``added`` how many it has
-been given in all (DreamerV3's achieved train ratio counts them). ``can_sample(...)`` is whether a batch can be drawn (a device bool, so
-no host sync); ``sample`` on a buffer that cannot is the caller's mistake and returns zeros
-of the right shape. The two types have different ``sample`` signatures, so a transition
-buffer can never be sampled as sequences or the reverse.
+been given in all (DreamerV3's achieved train ratio counts them). ``can_sample(...)`` is
+whether a batch can be drawn (a device bool, so no host sync); ``sample`` on a buffer that
+cannot is the caller's mistake and returns zeros of the right shape. The two types have
+different ``sample`` signatures, so a transition buffer can never be sampled as sequences or
+the reverse.
 
 Why not flashbax (instadeepai/flashbax): its buffers are the same idea (pure ``init/add/
 sample`` over a pytree state), but ``add`` has no mask, and envpool's reset transitions must
