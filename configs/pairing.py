@@ -10,7 +10,7 @@ python -m jaxwm.train --config=configs/pairing.py:rssm_cmaes           # CartPol
   the actor's rollouts among them; the RSSM and the actor-critic learn as DreamerV3's.
 * ``tdmpc2_imagination``: DreamerV3's imagination actor-critic in TD-MPC2's latent model
   (its consistency, reward and termination losses, sequences of its horizon + 1), one
-  optimiser over both.
+  optimiser over both; the actor learns by REINFORCE (``dreamer.actor_grad_cont``).
 * ``rssm_cmaes``: a linear controller on the RSSM's features evolved by CMA-ES inside the
   RSSM, as World Models evolves in its MDN-RNN's dream; the RSSM trains alone.
 
@@ -62,14 +62,22 @@ def get_config(variant: str = "rssm_mppi") -> ml_collections.ConfigDict:
         "model_size", "episodic", "rho", "consistency_coef", "reward_coef", "termination_coef")})
     if world_model == "tdmpc2":
         c.dreamer.batch_size = 8 if tiny else 64
+        # On Pendulum (benchmarks/results/learning_cpu.md, "Pairings"): the actor
+        # backpropagating through TD-MPC2's latent dynamics settled on one saturated action,
+        # and at train ratio 32 (about 2.5k updates in 20k steps) neither gradient learned;
+        # REINFORCE at 128 did.
+        c.dreamer.actor_grad_cont = "reinforce"
+        c.dreamer.train_ratio = 8.0 if tiny else 128.0
     # agents.mppi.MPPIHyper, smaller than TD-MPC2's 512 x 6 for a CPU.
     c.mppi = ml_collections.ConfigDict(dict(
         horizon=3 if tiny else 8, iterations=2 if tiny else 4, num_samples=16 if tiny else 128,
         num_elites=4 if tiny else 16, num_pi_trajs=2 if tiny else 8, temperature=0.5,
         min_std=0.05, max_std=2.0, envs_per_batch=0))
+    # Dreams of 300 steps: at 100 every candidate soon reached the cap, CMA-ES had nothing to
+    # select by and its mean wandered (real returns rose to 100-160, then fell to 14).
     c.cmaes = ml_collections.ConfigDict(dict(
         population=4 if tiny else 16, episodes=1 if tiny else 4, sigma=0.5,
-        max_steps=4 if tiny else 100, start_batch=2 if tiny else 16))
+        max_steps=4 if tiny else 300, start_batch=2 if tiny else 16))
     c.phase_order = ("prefill", "train")
     d = c.dreamer
     c.phases.prefill = dict(unit="env_steps", duration=d.get_ref("prefill") * c.env.get_ref(
