@@ -62,10 +62,10 @@ def get_config(variant: str = "rssm_mppi") -> ml_collections.ConfigDict:
         "model_size", "episodic", "rho", "consistency_coef", "reward_coef", "termination_coef")})
     if world_model == "tdmpc2":
         c.dreamer.batch_size = 8 if tiny else 64
-        # On Pendulum (benchmarks/results/learning_cpu.md, "Pairings"): the actor
-        # backpropagating through TD-MPC2's latent dynamics settled on one saturated action,
-        # and at train ratio 32 (about 2.5k updates in 20k steps) neither gradient learned;
-        # REINFORCE at 128 did.
+        # On Pendulum (benchmarks/results/learning_cpu.md, "Pairings"): at train ratio 32
+        # (about 2.5k updates in 20k steps) neither gradient learned, the actor
+        # backpropagating through TD-MPC2's latent dynamics settling on one saturated action;
+        # at 128 REINFORCE learned on two seeds, backpropagation more slowly on one.
         c.dreamer.actor_grad_cont = "reinforce"
         c.dreamer.train_ratio = 8.0 if tiny else 128.0
     # agents.mppi.MPPIHyper, smaller than TD-MPC2's 512 x 6 for a CPU.
