@@ -6,9 +6,9 @@ host fall on both. Every measurement goes through the algorithms' hooks as train
 which both trees have:
 
 * ``ppo_cartpole`` / ``ppo_breakout``: PPO end to end (collect + update_agent), steps/s,
-  ``configs/ppo.py:cartpole`` and ``:atari`` (Breakout, 8 envs), timed as
+  ``ppo:cartpole`` and ``:atari`` (Breakout, 8 envs), timed as
   ``common.ppo_end_to_end`` times a log window;
-* ``sac``: SAC's ``update_agent`` hook on ``configs/sac.py:pendulum`` sizes (256x256, batch
+* ``sac``: SAC's ``update_agent`` hook on ``sac:pendulum`` sizes (256x256, batch
   256) with 256 updates per call, after ``collect`` filled the replay; updates/s;
 * ``dreamer`` / ``dreamer_pong``: DreamerV3's ``update_model`` hook at size1m, batch 16 x 64
   on vector CartPole and on 64x64 RGB Pong (its convolutional encoder and decoder), as
@@ -16,13 +16,13 @@ which both trees have:
 * ``mopo_rollout``: MOPO's model rollout as the tree's own ``benchmarks/offline.py`` times it
   (50k starts x horizon 5 on a HalfCheetah-sized 7 x 4x200 ensemble); transitions/s.
 * ``tdmpc2_plan``: TD-MPC2's ``collect`` hook once the seed steps are in, every env step an
-  MPPI plan (``configs/tdmpc2.py:pendulum``: the 1M model, 1 env, 256 samples); env steps/s.
+  MPPI plan (``tdmpc2:pendulum``: the 1M model, 1 env, 256 samples); env steps/s.
 
 Checkpoints (not in the default list; ``--only=save_ppo,restore_ppo,save_dreamer,
 restore_dreamer --name ab_checkpoints``): seconds per save (five saves of the algorithm's
 ``persistent`` state through the tree's ``loop.checkpoint.Checkpointer``, finished and, where
 the tree writes them, their manifests written) and per restore of the newest (verified where
-the tree verifies), for ``configs/ppo.py:cartpole`` and ``configs/dreamer.py:debug``; the median
+the tree verifies), for ``ppo:cartpole`` and ``dreamer:debug``; the median
 of 6 repeats after one untimed.
 
     python benchmarks/ab.py --before ../jaxwm-before --after . --rounds 5   # ~60 min on 2 cores
@@ -62,7 +62,7 @@ def checkpoint_seconds(name: str, load) -> float:
     from jaxwm.runner import validate
 
     algo_name = name.split("_")[1]
-    config = load({"ppo": "configs/ppo.py:cartpole", "dreamer": "configs/dreamer.py:debug"}[
+    config = load({"ppo": "ppo:cartpole", "dreamer": "dreamer:debug"}[
         algo_name])
     validate(config)
     algo = importlib.import_module(f"jaxwm.algos.{algo_name}").build(config)
@@ -109,24 +109,24 @@ def measure(name: str, root: str, window: float) -> float:
         from offline import rollout_row
         return rollout_row(50_000, 5, 200, repeats=5)["transitions_per_s"]
     if name.startswith("ppo"):
-        config = load("configs/ppo.py:cartpole" if name == "ppo_cartpole" else
-                      "configs/ppo.py:atari")
+        config = load("ppo:cartpole" if name == "ppo_cartpole" else
+                      "ppo:atari")
         return ppo_end_to_end(config, window, repeats=3, max_iterations=10_000)["steps_per_s"]
     if name == "sac":
         from jaxwm.algos import sac as algo_module
-        config = load("configs/sac.py:pendulum", **{"sac.learning_starts": 1024,
+        config = load("sac:pendulum", **{"sac.learning_starts": 1024,
                                                      "sac.steps_per_collect": 256})
         hook, counted = "update_agent", 256
     elif name == "tdmpc2_plan":
         from jaxwm.algos import tdmpc2 as algo_module
-        config = load("configs/tdmpc2.py:pendulum", **{"env.num_envs": 1,
+        config = load("tdmpc2:pendulum", **{"env.num_envs": 1,
                                                        "tdmpc2.seed_steps": 64,
                                                        "tdmpc2.steps_per_collect": 8})
         hook, counted = "collect", 8
     else:
         from jaxwm.algos import dreamer as algo_module
-        config = load("configs/dreamer.py:atari100k" if name == "dreamer_pong" else
-                      "configs/dreamer.py:cartpole", **{
+        config = load("dreamer:atari100k" if name == "dreamer_pong" else
+                      "dreamer:cartpole", **{
                           "dreamer.report_every": 0, "env.num_envs": 1, "dreamer.model_size": "1m",
                           "dreamer.batch_size": 16, "dreamer.batch_length": 64})
         hook, counted = "update_model", 1

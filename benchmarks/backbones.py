@@ -14,8 +14,8 @@ Mamba, Mamba-2), in a fresh process each so that peaks do not carry over:
 * ``train_s`` / ``eval_return``: a ``jaxwm.train`` run of ``--train-steps`` env steps
   (compile and evaluation included) and its final evaluation (0 skips it).
 
-Settings: CartPole-v1 runs ``configs/ppo.py:cartpole_masked`` (velocities zeroed; BenchNetRL's
-classic-control sizes), Breakout-v5 ``configs/ppo.py:atari`` with BenchNetRL's Atari settings
+Settings: CartPole-v1 runs ``ppo:cartpole_masked`` (velocities zeroed; BenchNetRL's
+classic-control sizes), Breakout-v5 ``ppo:atari`` with BenchNetRL's Atari settings
 (16 envs, 8 minibatches, 1 frame except FF-4). Breakout adds ``mamba@256``, Mamba at the LSTM's
 hidden size, for the equal-size throughput goal. ``--seeds 1,4,8`` measures steps/s per seed
 with ``--config.num_seeds`` (``--seed-backbone`` on the first env). The goals of the BenchNetRL
@@ -40,7 +40,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import RESULTS, ROOT, block, hardware, median, parser, ppo_end_to_end, write_results
+from common import RESULTS, block, hardware, median, parser, ppo_end_to_end, write_results
 
 import jaxwm.config
 
@@ -74,7 +74,7 @@ def overrides_for(env_id: str, backbone: str, quick: bool) -> dict:
 
 
 def load(env_id: str, overrides: dict):
-    return jaxwm.config.load(os.path.join(ROOT, f"configs/ppo.py:{VARIANTS[env_id]}"), overrides)
+    return jaxwm.config.load(f"ppo:{VARIANTS[env_id]}", overrides)
 
 
 # ----------------------------------------------------------------------------- one row
@@ -341,9 +341,9 @@ def main() -> None:
         "- donated aliases); device_peak_mib (GPU only): the device's peak_bytes_in_use.",
         "latency_ms: one jitted policy step for the whole env batch, median (p95 in "
         "latency_p95_ms), block_until_ready after each call.",
-        "CartPole-v1: configs/ppo.py:cartpole_masked (velocities zeroed; BenchNetRL's classic "
+        "CartPole-v1: ppo:cartpole_masked (velocities zeroed; BenchNetRL's classic "
         "sizes: LSTM/GRU 512, TrXL 384x3 layers, Mamba/Mamba-2 512). Breakout-v5: "
-        "configs/ppo.py:atari with 16 envs, 8 minibatches, 1 frame (FF-4: 4), BenchNetRL's Atari "
+        "ppo:atari with 16 envs, 8 minibatches, 1 frame (FF-4: 4), BenchNetRL's Atari "
         "sizes (LSTM/GRU 256, TrXL 512 mem 64, Mamba 450, Mamba-2 512).",
         "Reference (benchmarks/REFERENCES.md): BenchNetRL PyTorch on one CPU thread, masked CartPole: LSTM "
         "~34, GRU ~154, TrXL ~66, GTrXL ~72 steps/s; its paper's table (hardware unstated): "

@@ -7,8 +7,8 @@ of ``jaxwm.algos.dreamer`` exactly as training calls it (state donated). The rep
 filled by the ``collect`` hook (random actions). Compile time (the first update) is reported
 apart; steady state is the median over ``--repeats`` windows of updates.
 
-Rows: size1m on vector CartPole (``configs/dreamer.py:cartpole``) and on 64x64 RGB Pong
-(``configs/dreamer.py:atari100k``); ``--sizes`` adds larger models (size12m is the GPU row).
+Rows: size1m on vector CartPole (``dreamer:cartpole``) and on 64x64 RGB Pong
+(``dreamer:atari100k``); ``--sizes`` adds larger models (size12m is the GPU row).
 Reference (benchmarks/REFERENCES.md, this machine class: 2 CPU cores): the official JAX DreamerV3 at
 size1m, batch 16 x 64: ~0.06-0.14 updates/s; the PyTorch port at a comparable size
 ~0.06-0.07. Goals: at least the official implementation's speed and 3x the port's.
@@ -31,11 +31,11 @@ from jaxwm.runner import validate
 
 OFFICIAL_JAX = (0.06, 0.14)  # updates/s, size1m, 2 CPU cores (benchmarks/REFERENCES.md)
 PYTORCH_PORT = (0.06, 0.07)
-ENVS = {"CartPole-v1": "configs/dreamer.py:cartpole", "Pong-v5": "configs/dreamer.py:atari100k"}
+ENVS = {"CartPole-v1": "dreamer:cartpole", "Pong-v5": "dreamer:atari100k"}
 
 
 def measure(env_id: str, size: str, repeats: int, window_s: float, quick: bool) -> dict:
-    # The reference figures' setting on every row: batch 16 x 64 (configs/dreamer.py:cartpole
+    # The reference figures' setting on every row: batch 16 x 64 (dreamer:cartpole
     # trains on 16 x 32; the benchmark does not follow it).
     overrides = {"dreamer.model_size": size, "dreamer.report_every": 0, "log.progress": False,
                  "env.num_envs": 1, "dreamer.batch_size": 16, "dreamer.batch_length": 64}

@@ -26,7 +26,7 @@ anything. The figure is ``model_table_<backend>.png``.
 What differs between the models is part of the result: each trains as its system does
 (sequences for the RSSM, TD-MPC2's horizon-3 consistency windows, single transitions for the
 ensemble and the next-frame model, frames then latent windows for V and M), at the sizes
-``main`` and the ``*_trainer`` functions give them (the RSSM at ``configs/pairing.py``'s
+``main`` and the ``*_trainer`` functions give them (the RSSM at ``jaxwm/configs/pairing.py``'s
 sizes, TD-MPC2's 1M model).
 """
 
@@ -299,7 +299,7 @@ def main(argv=None) -> None:
     spec, train = play("Pendulum-v1", play_steps, seed=1)
     _, held = play("Pendulum-v1", play_steps // 4 + LENGTH, seed=2)
     probe = windows(train, LENGTH, 2, np.random.default_rng(0))
-    small = dict(deter=128, hidden=64, classes=8, units=64, depth=4)  # configs/pairing.py's
+    small = dict(deter=128, hidden=64, classes=8, units=64, depth=4)  # jaxwm/configs/pairing.py's
     for name, model in (
             ("rssm", rssm.make(spec.obs_shape, 1, False, "1m", **small)),
             ("tdmpc2", tdmpc2_model.LatentModel(tdmpc2_model.WorldModel(

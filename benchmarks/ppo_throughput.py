@@ -4,7 +4,7 @@ On the current backend, at the same number of envs (``--envs``, default 8):
 
 1. raw envpool steps/s with random actions, through the host path (``env.step``) and the XLA
    path (``env.xla_step`` inside a jitted ``lax.scan``);
-2. PPO end to end (``collect`` + ``update_agent`` hooks of ``jaxwm.algos.ppo``, configs/ppo.py
+2. PPO end to end (``collect`` + ``update_agent`` hooks of ``jaxwm.algos.ppo``, jaxwm/configs/ppo.py
    variants ``cartpole`` and ``atari``): the first iteration timed apart as compile time, then
    the median steps/s of ``--repeats`` windows of >= ``--window`` seconds, with the median
    seconds of collect and of update per iteration; Breakout once per ``ppo.loop_form``;
@@ -58,7 +58,7 @@ from jaxwm.agents.ppo import resolve_loop_form
 from jaxwm.envs import make_env
 from jaxwm.loop.metrics import read_jsonl
 
-CONFIG_FILE = os.path.join(ROOT, "configs", "ppo.py")
+CONFIG_FILE = "ppo"  # jaxwm/configs/ppo.py
 ENVS = {"cartpole": "CartPole-v1", "atari": "Breakout-v5"}
 BREAKOUT_FORMS = ("scan", "unroll")
 SOLVED_RETURN = 475.0
@@ -104,7 +104,7 @@ def versus(value: float, ref: Reference) -> dict:
 
 
 def load_config(variant: str, **overrides):
-    """configs/ppo.py:<variant>, unlocked, with dotted-path overrides."""
+    """ppo:<variant>, unlocked, with dotted-path overrides."""
     return jaxwm.config.load(f"{CONFIG_FILE}:{variant}", overrides)
 
 
@@ -447,8 +447,8 @@ def notes_for(args, hw: dict, rows: list[dict]) -> list[str]:
         "and of jaxwm's env path; over_first: the ratio to the first of them.",
         "async collect: ppo.async_collect=True, the next rollout collected on a second thread "
         "during the update (collect_s is then the wait for it).",
-        f"CartPole-v1 (MLP, configs/ppo.py:cartpole) and Breakout-v5 (Nature CNN, "
-        f"configs/ppo.py:atari), {args.envs} envs each; raw envpool uses random actions.",
+        f"CartPole-v1 (MLP, ppo:cartpole) and Breakout-v5 (Nature CNN, "
+        f"ppo:atari), {args.envs} envs each; raw envpool uses random actions.",
     ]
     notes += [f"Reference '{r.label}': {r.detail}." for r in REFERENCES
               if hw["backend"] == "gpu" or r is not REF_CLEANRL_GPU]
@@ -534,7 +534,7 @@ def scale_notes(args) -> list[str]:
     notes = [
         "envs: the batch each step acts on (N). Limits: random actions in a jitted lax.scan; "
         "sync: N envs stepped together; async: 2N envs, recv of the first N ready, send.",
-        "PPO rows: configs/ppo.py:atari (128 steps per env row, 4 x 4 minibatches); the async "
+        "PPO rows: ppo:atari (128 steps per env row, 4 x 4 minibatches); the async "
         "pool has env.num_envs=2N, env.batch_size=N, so rollouts and updates are the same size; "
         f"median of {1 if args.quick else args.scale_repeats} windows of >= {args.window} s after "
         "compilation; over_*_limit: PPO steps/s over that limit's.",

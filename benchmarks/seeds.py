@@ -6,12 +6,12 @@ time (the first call) apart, steady state the median of ``--repeats`` windows.
 ``seed_updates_per_s`` = seeds x updates per call x calls per second: the work done for all
 seeds together.
 
-* SAC at its Pendulum size (``configs/sac.py:pendulum``: 256x256 actor and twin critics, batch
+* SAC at its Pendulum size (``sac:pendulum``: 256x256 actor and twin critics, batch
   256), ``updates_per_call`` updates per jitted scan. Its dense layers' FLOPs per update
   (``offline.update_flops``) give ``gflop_per_s``, compared with this machine's rate for the
   256x256x256 matmuls the update is made of, measured here (a scanned chain of them, one
   program; for S seeds the same matmuls batched S at a time).
-* DreamerV3 at ``configs/dreamer.py:debug`` sizes.
+* DreamerV3 at ``dreamer:debug`` sizes.
 
 Goal on a CPU: one SAC seed already runs at ~75% of the matmul rate (benchmarks/README.md),
 so vmapping seeds can gain at most 1 / 0.75 = 1.33x; the goal is >= 90% of the matmul rate at
@@ -36,7 +36,7 @@ from jaxwm.algos import dreamer, sac
 from jaxwm.config import load
 from jaxwm.loop import seeds
 
-CONFIGS = {"sac": ("configs/sac.py:pendulum", sac), "dreamer": ("configs/dreamer.py:debug",
+CONFIGS = {"sac": ("sac:pendulum", sac), "dreamer": ("dreamer:debug",
                                                                   dreamer)}
 
 

@@ -65,7 +65,7 @@ def build(size: str):
                  "phase_order": ("random", "epoch_00")}
     if size == "full":  # the same step, fewer of them per timed call (seconds each on a CPU)
         overrides["simple.rollout_length"] = FULL_ROLLOUT
-    config = load("configs/simple.py:atari100k", overrides)
+    config = load("simple:atari100k", overrides)
     config.phases.random.duration = 800
     return config, simple.build(config)
 

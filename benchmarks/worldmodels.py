@@ -24,11 +24,9 @@ ctallec/world-models' PyTorch (the runnable reproduction) is not wired in here.
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
-from common import ROOT, hardware, parser, peak_memory, timed, write_results
+from common import hardware, parser, peak_memory, timed, write_results
 
 from jaxwm.algos import worldmodels
 from jaxwm.config import load
@@ -44,7 +42,7 @@ def build(train_in: str, args, quick: bool):
     if quick:
         overrides.update({"worldmodels.rnn_hidden": 32, "worldmodels.vae_batch": 8,
                           "worldmodels.rnn_batch": 4})
-    config = load(os.path.join(ROOT, "configs/worldmodels.py:carracing"), overrides)
+    config = load("worldmodels:carracing", overrides)
     worldmodels.validate(config)
     return config, worldmodels.build(config)
 

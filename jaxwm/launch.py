@@ -8,7 +8,7 @@ all-reduce spans every process's devices. Process 0 writes the logs, progress ba
 files; the others print only errors. If one process fails, the others are stopped and its
 exit status is returned.
 
-    python -m jaxwm.launch --num_processes=2 -- --config=configs/ppo.py:cartpole --workdir=runs/mp
+    python -m jaxwm.launch --num_processes=2 -- --config=ppo:cartpole --workdir=runs/mp
 
 Fake devices per process (CPU): ``--devices_per_process=2`` sets
 ``XLA_FLAGS=--xla_force_host_platform_device_count=2``. On a cluster the scheduler starts
@@ -71,17 +71,17 @@ def wait(processes: list[subprocess.Popen]) -> int:
         time.sleep(0.2)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m jaxwm.launch") -> int:
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(prog="python -m jaxwm.launch", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--num_processes", type=int, required=True)
     parser.add_argument("--devices_per_process", type=int, default=0,
                         help="fake CPU devices per process (0: the machine's own)")
     args = parser.parse_args(argv[:split])
     train_args = argv[split + 1:]
     if not train_args:
-        parser.error("pass the jaxwm.train arguments after --, e.g. -- --config=configs/ppo.py:cartpole")
+        parser.error("pass the jaxwm.train arguments after --, e.g. -- --config=ppo:cartpole")
     try:
         processes = spawn(["-m", "jaxwm.train", *train_args], args.num_processes,
                           args.devices_per_process)

@@ -1,7 +1,8 @@
 """Metric values that are not scalars, which a jitted hook can return like any metric: a
-``Video`` (an animated GIF in TensorBoard and under ``videos/``), an ``Image`` and a
-``Histogram``. Pytrees, so they pass through ``jit``; a base module, so that agents and models
-can return them without importing the loop that writes them (``jaxwm.loop.metrics``).
+``Video`` (an animated GIF in TensorBoard and under ``videos/``, with an MP4 beside it where an
+encoder is installed), an ``Image`` and a ``Histogram``. Pytrees, so they pass through ``jit``;
+a base module, so that agents and models can return them without importing the loop that
+writes them (``jaxwm.loop.metrics``).
 """
 
 from __future__ import annotations

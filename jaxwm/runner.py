@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
-from jaxwm import algos
-from jaxwm.config import ConfigError, validate_common
+from jaxwm import algos, configs
+from jaxwm.config import ConfigError, check_ranges, validate_common
 
 
 def default_workdir(config) -> str:
@@ -20,8 +20,8 @@ def validate(config):
     """Every check of a config, in one place, before anything is built, written or compiled
     (each failure a one-line ``ConfigError``): the shared settings and every size
     (``config.validate_common``), the clocks' and phases' syntax, the algorithm's own
-    settings, then the
-    env (its id, and its spaces, probed with one env) against what the algorithm can run
+    settings, every setting's range (``config.check_ranges`` with ``jaxwm.configs.fields``),
+    then the env (its id, and its spaces, probed with one env) against what the algorithm can run
     (``algos.check_capabilities``, and its ``validate_env`` where it has one). Returns the
     env's ``EnvSpec``."""
     from jaxwm.envs import probe_spec
@@ -36,7 +36,8 @@ def validate(config):
     for name in ("log.every", "checkpoint.every", "eval.every"):  # units: when the loop starts
         section, field = name.split(".")
         Clock.parse(config[section][field], name)
-    entry.validate(config)
+    entry.validate(config)  # its own messages first: they say more than a range can
+    check_ranges(config, configs.fields(config.algo))
     phases_from_config(config, entry.phase_hooks(config))  # syntax; hooks: when the loop starts
     spec = probe_spec(config.env)
     algos.check_capabilities(config, entry.capabilities, spec)

@@ -25,7 +25,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # To run the suite at a GPU's default precision instead: JAX_DEFAULT_MATMUL_PRECISION=default.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "float32")
 
-
 # Tests build the same small programs many times over (every build of an algorithm makes new
 # closures, so jit's in-memory cache misses): JAX's persistent compilation cache serves the
 # repeats from disk, shared by pytest-xdist's workers and the subprocesses of _run_script.
@@ -33,6 +32,11 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), "jaxwm-tests-compilation-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+# envpool renders MuJoCo and DMC through EGL only if libEGL is loaded before envpool is
+# imported (jaxwm/envs/mujoco_video.py); jaxwm.envs loads it first, so import it here (after the
+# variables above, which JAX reads when imported), before any test module imports envpool directly.
+import jaxwm.envs  # noqa: E402, F401
 
 
 def pytest_collection_modifyitems(config, items):

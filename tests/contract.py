@@ -9,6 +9,10 @@ checked by registering it:
   passed between hooks) and resumed each time through the trainer and its checkpoints, a
   run ends exactly where one that never stopped ends, given that both restart their envs at
   the same calls (envpool cannot save them: README, "Resuming");
+* ``check_loads_and_acts``: the finished run loads (``jaxwm.load``) with the policy's
+  parameters it ended with, acts on an observation (twice, carrying its carry), evaluates
+  an episode, imagines with its world model where it has one, and leaves the run directory
+  as it was;
 * ``check_donation``: every hook updates the state in place: any array of 4 KiB or more it
   changes was donated to it, not copied;
 * ``check_devices_agree``: 1 and 4 (fake CPU) devices give the same state after a few calls;
@@ -49,7 +53,7 @@ DONATION_MIN_BYTES = 4096
 
 def load(spec: str, **overrides):
     """A config file's variant, quiet, never evaluating, with ``overrides`` applied."""
-    return jaxwm.config.load(os.path.join(ROOT, spec), {
+    return jaxwm.config.load(spec, {
         "log.progress": False, "eval.every": "never", "eval.at_end": False, **overrides})
 
 
@@ -245,6 +249,7 @@ def check_exact_resume(entry, config, workdir: str) -> None:
             trainer = Trainer(run_config, hooked, workdir)
             assert trainer.run()["interrupted"] == (stop is not None), f"stop at {stop}"
             got = persistent(algorithm, trainer.state)
+            final_state = trainer.state
         finally:
             algorithm.close()
         if stop is not None:
@@ -264,6 +269,56 @@ def check_exact_resume(entry, config, workdir: str) -> None:
         drive.algorithm.close()
     assert_trees_equal(got, expected, f"{config.algo}: resumed at calls {stops} != never "
                                       "stopped")
+    return final_state
+
+
+def _tree_of_files(workdir: str) -> dict:
+    """Every file of a run directory with its size and modification time."""
+    out = {}
+    for root, _, files in os.walk(workdir):
+        for name in files:
+            path = os.path.join(root, name)
+            out[os.path.relpath(path, workdir)] = (os.path.getsize(path), os.path.getmtime(path))
+    return out
+
+
+def check_loads_and_acts(entry, config, workdir: str, final_state) -> None:
+    """``jaxwm.load`` of a finished run: the policy parameters it ended with, actions of the
+    env's shape (twice, the second from the first's carry), an evaluated episode, the world
+    model's predictions where the algorithm has one, and nothing in the run changed."""
+    import jaxwm
+    from jaxwm.envs import probe_spec
+
+    before = _tree_of_files(workdir)
+    agent = jaxwm.load(workdir)
+    algorithm = entry.build(config)
+    try:
+        expected = algorithm.policy_params(final_state)
+        has_model = algorithm.world_model is not None
+    finally:
+        algorithm.close()
+    assert_trees_equal(agent._params, expected, f"{config.algo}: loaded policy parameters")
+    spec = probe_spec(config.env)
+    obs = np.zeros((2, *spec.obs_shape), spec.obs_dtype)
+    action, carry = agent.act(obs)
+    action, carry = agent.act(obs, carry, greedy=False)
+    assert action.shape == (2, *spec.action_shape), action.shape
+    single, _ = agent.act(obs[0])
+    assert single.shape == tuple(spec.action_shape)
+    result = agent.evaluate(1)
+    assert np.isfinite(result["eval/episodic_return"]), result
+    assert (agent.world_model is not None) == has_model
+    if has_model:
+        horizon = 3
+        actions = (np.zeros((2, horizon), np.int32) if spec.discrete else
+                   np.zeros((2, horizon, *spec.action_shape), np.float32))
+        imagined = agent.world_model.imagine(obs, actions)
+        assert imagined["rewards"].shape == (2, horizon), imagined["rewards"].shape
+        assert np.isfinite(imagined["rewards"]).all() and np.isfinite(imagined["continues"]).all()
+        assert imagined["features"].shape[:2] == (2, horizon)
+        if agent.world_model.model.decodes:
+            assert imagined["frames"].shape[:2] == (2, horizon)
+    assert _tree_of_files(workdir) == before, f"{config.algo}: loading changed the run"
 
 
 def check_donation(entry, config) -> None:

@@ -111,7 +111,7 @@ def test_async_pool_returns_distinct_ready_envs_and_refuses_synchronous_calls():
 
 
 def ppo_config(**overrides):
-    return jaxwm.config.load("configs/ppo.py:cartpole", {"log.progress": False, **overrides})
+    return jaxwm.config.load("ppo:cartpole", {"log.progress": False, **overrides})
 
 
 @pytest.mark.parametrize("config, message", [
@@ -120,7 +120,7 @@ def ppo_config(**overrides):
     (ppo_config(**{"env.batch_size": 4, "num_seeds": 2}), "one seed in one process"),
     (ppo_config(**{"env.batch_size": 4, "ppo.num_minibatches": 3}),
      "must divide env.batch_size * ppo.num_steps"),
-    (jaxwm.config.load("configs/sac.py:pendulum", {"env.num_envs": 2, "env.batch_size": 1}),
+    (jaxwm.config.load("sac:pendulum", {"env.num_envs": 2, "env.batch_size": 1}),
      "sac cannot run env.batch_size=1 < env.num_envs=2"),
 ])
 def test_bad_async_settings_stop_before_anything_is_built(config, message):

@@ -28,7 +28,7 @@ SMALL = {"rnn.hidden": 8, "trxl.dim": 8, "trxl.layers": 2, "trxl.heads": 2, "trx
 
 def network_config(backbone, **overrides):
     overrides = {f"network.{k}": v for k, v in {**SMALL, **overrides}.items()}
-    return jaxwm.config.load(os.path.join(ROOT, "configs/ppo.py:cartpole_masked"),
+    return jaxwm.config.load("ppo:cartpole_masked",
                              {"network.backbone": backbone, **overrides}).network
 
 
@@ -139,7 +139,7 @@ def test_bad_backbone_settings_are_one_line_errors(overrides, message):
 def test_learning_rate_scale_reaches_only_the_backbone():
     from jaxwm.agents import ppo as ppo_agent
 
-    cfg = jaxwm.config.load(os.path.join(ROOT, "configs/ppo.py:cartpole_masked"))
+    cfg = jaxwm.config.load("ppo:cartpole_masked")
     params = {"params": {"memory": {"w": jnp.ones(3)}, "Dense_0": {"w": jnp.ones(3)}}}
     cfg.ppo.anneal_lr = False
     opt = ppo_agent.make_optimizer(cfg.ppo, 10, backbone_scale=0.4)
@@ -162,7 +162,7 @@ def test_update_resets_flag_only_matters_where_an_episode_starts_mid_sequence():
     obs = jax.random.normal(jax.random.PRNGKey(0), (BATCH, STEPS, 4))
     carry = net.initialize_carry(BATCH)
     params = net.init(jax.random.PRNGKey(1), carry, obs, jnp.zeros((BATCH, STEPS), bool))
-    cfg = jaxwm.config.load(os.path.join(ROOT, "configs/ppo.py:cartpole_masked")).ppo
+    cfg = jaxwm.config.load("ppo:cartpole_masked").ppo
 
     def loss(is_first, update_resets):
         hyper = ppo_agent.PPOHyper.from_config(cfg, recurrent=True).replace(

@@ -40,8 +40,11 @@ def tiny(name, spec, dataset):
 
 
 @pytest.mark.parametrize("name, spec", CASES)
-def test_an_interrupted_run_resumes_exactly(name, spec, tiny_dataset, tmp_path):
-    contract.check_exact_resume(algos.get(name), tiny(name, spec, tiny_dataset), str(tmp_path))
+def test_an_interrupted_run_resumes_exactly_and_loads(name, spec, tiny_dataset, tmp_path):
+    """... and the finished run loads, acts, evaluates and imagines (``jaxwm.load``)."""
+    entry, config = algos.get(name), tiny(name, spec, tiny_dataset)
+    final_state = contract.check_exact_resume(entry, config, str(tmp_path))
+    contract.check_loads_and_acts(entry, config, str(tmp_path), final_state)
 
 
 @pytest.mark.parametrize("name, spec", CASES)

@@ -192,7 +192,7 @@ def test_write_refuses_to_overwrite(tmp_path):
 def test_a_run_makes_the_dataset_its_config_says_how_to_make(tmp_path):
     from jaxwm.config import load
     out = tmp_path / "made.hdf5"
-    config = load(os.path.join(ROOT, "configs/mopo.py:tiny"), {"dataset": str(out)})
+    config = load("mopo:tiny", {"dataset": str(out)})
     make_dataset.make_missing_inputs(config)  # level random, 2,000 transitions
     data = load_dataset(str(out))
     assert data.metadata["level"] == "random" and data.metadata["size"] == 2000

@@ -258,14 +258,14 @@ def test_two_modes_diffusion_lands_on_them_where_mlp_averages():
 
 def test_bad_settings_are_one_line_errors():
     with pytest.raises(ConfigError, match="too short"):
-        runner.validate(load("configs/diffusion.py:tiny", {"diffusion.horizon": 2}))
+        runner.validate(load("diffusion:tiny", {"diffusion.horizon": 2}))
     with pytest.raises(ConfigError, match="inference_steps"):
-        runner.validate(load("configs/diffusion.py:tiny", {"diffusion.sampler": "ddim",
+        runner.validate(load("diffusion:tiny", {"diffusion.sampler": "ddim",
                                                            "diffusion.inference_steps": 3}))
     with pytest.raises(ConfigError, match="model must be one of"):
-        runner.validate(load("configs/diffusion.py:tiny", {"diffusion.model": "transformer"}))
+        runner.validate(load("diffusion:tiny", {"diffusion.model": "transformer"}))
     with pytest.raises(ConfigError, match="continuous"):
-        runner.validate(load("configs/diffusion.py:tiny", {"env.id": "CartPole-v1"}))
+        runner.validate(load("diffusion:tiny", {"env.id": "CartPole-v1"}))
 
 
 def test_a_dataset_of_another_env_or_without_actions_is_refused(tmp_path):
@@ -282,11 +282,11 @@ def test_a_dataset_of_another_env_or_without_actions_is_refused(tmp_path):
                                "next_observations": np.zeros((n, 3), np.float32)},
                         {"env_id": "x"})
     with pytest.raises(ConfigError, match="another env"):
-        algo.build(load("configs/diffusion.py:tiny", {"dataset": path}))
+        algo.build(load("diffusion:tiny", {"dataset": path}))
     with h5py.File(path, "a") as f:
         del f["actions"]
     with pytest.raises(ConfigError, match=r"lacks \['actions'\]"):
-        algo.build(load("configs/diffusion.py:tiny", {"dataset": path}))
+        algo.build(load("diffusion:tiny", {"dataset": path}))
 
 
 def test_plan_with_all_steps_conditions_at_once_equals_the_unet_called_per_step():
@@ -334,12 +334,12 @@ def test_a_resume_refuses_demonstrations_that_changed(tmp_path):
                              num_envs=2)
     overrides = {"dataset": path, "log.progress": False, "eval.at_end": False,
                  "checkpoint.every": "4 agent_updates"}
-    train.run(load("configs/diffusion.py:tiny", overrides), str(tmp_path / "run"))
+    train.run(load("diffusion:tiny", overrides), str(tmp_path / "run"))
     import h5py
 
     with h5py.File(path, "r+") as f:
         f["actions"][0] = f["actions"][0] + 0.5
-    resumed = load("configs/diffusion.py:tiny", {**overrides, "resume": True})
+    resumed = load("diffusion:tiny", {**overrides, "resume": True})
     with pytest.raises(ConfigError, match="has changed at its source") as error:
         train.run(resumed, str(tmp_path / "run"))
     assert "\n" not in str(error.value)

@@ -6,7 +6,7 @@ behaviour-cloning baseline trains on the same data and is evaluated the same way
 The demonstrator's return is the dataset's own (SAC's sampled actions, as D4RL's), so a
 policy can score above 1.
 
-Pendulum-v1 (``configs/diffusion.py:pendulum``: SAC 20k steps, 20k expert steps, one executed
+Pendulum-v1 (``diffusion:pendulum``: SAC 20k steps, 20k expert steps, one executed
 action per plan):
 
 Budget: SAC 20k steps for the demonstrations, then 5000 updates of each model at batch 128
@@ -15,7 +15,7 @@ with the default suite running beside it (2026-11-26). That run: demonstrator -1
 -1250.8; diffusion -192.2 (0.970), MLP -191.4 (0.971). It ran one commit before the EMA's
 first-two-updates fix (the decay at update 2 was 0.41 instead of 0).
 
-Reacher-v4, MuJoCo (``configs/diffusion.py:reacher``: SAC 30k steps, 100k expert steps, the
+Reacher-v4, MuJoCo (``diffusion:reacher``: SAC 30k steps, 100k expert steps, the
 reference's 8 executed actions per plan): budget SAC 30k steps, then 5000 updates of each
 model as above; 27 min 36 s on 2 CPU cores with the default suite running beside it
 (2026-11-26). That run: demonstrator -6.17, random -43.18; diffusion -5.89 (1.008), MLP -5.57
@@ -45,7 +45,7 @@ def unet_and_mlp(variant: str, tmp_path) -> dict:
     dataset = str(tmp_path / f"{variant}-expert.hdf5")
     results = {}
     for model in ("unet", "mlp"):
-        config = load(f"configs/diffusion.py:{variant}", {
+        config = load(f"diffusion:{variant}", {
             "dataset": dataset, "diffusion.model": model, "log.progress": False,
             "checkpoint.every": "never"})
         summary = train.run(config, os.path.join(tmp_path, model))

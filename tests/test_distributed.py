@@ -46,10 +46,10 @@ def test_joining_a_job_initialises_the_distributed_runtime_before_the_backend():
 
 def test_a_process_the_coordinator_does_not_expect_is_refused_in_one_line():
     env = launch.process_env(2, 2, f"127.0.0.1:{launch.free_port()}")
-    proc = subprocess.run([sys.executable, "-m", "jaxwm.train", "--config=configs/ppo.py:cartpole"],
+    proc = subprocess.run([sys.executable, "-m", "jaxwm.train", "--config=ppo:cartpole"],
                           env=env, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("jaxwm.train: JAX_PROCESS_ID=2, but the coordinator expects "
+    assert proc.stderr.strip() == ("jaxwm train: JAX_PROCESS_ID=2, but the coordinator expects "
                                    "JAX_NUM_PROCESSES=2 processes (ids 0..1): start exactly 2 "
                                    "processes, or raise JAX_NUM_PROCESSES.")
 
@@ -59,7 +59,7 @@ ROLLOUT_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     import jax, jaxwm.config
     from jaxwm.algos import ppo as ppo_algo
-    c = jaxwm.config.load(os.path.join({root!r}, "configs/ppo.py:cartpole"))
+    c = jaxwm.config.load("ppo:cartpole")
     algo = ppo_algo.build(c)
     state = algo.init(jax.random.PRNGKey(0))
     _, passed, _ = algo.hooks["collect"].fn(state, {{}}, jax.random.PRNGKey(1))
@@ -75,7 +75,7 @@ UPDATE_SCRIPT = textwrap.dedent("""
     parallel.maybe_initialize_distributed()
     import jax, numpy as np, jaxwm.config
     from jaxwm.algos import ppo as ppo_algo
-    c = jaxwm.config.load(os.path.join({root!r}, "configs/ppo.py:cartpole"))
+    c = jaxwm.config.load("ppo:cartpole")
     algo = ppo_algo.build(c)
     state = algo.init(jax.random.PRNGKey(0))
     with open({path!r}, "rb") as f:
@@ -119,7 +119,7 @@ def test_two_processes_of_two_devices_give_the_update_of_one_process_of_four(tmp
 
 
 def _train(workdir, num_processes, *overrides):
-    args = ["-m", "jaxwm.train", "--config=configs/ppo.py:cartpole", f"--workdir={workdir}",
+    args = ["-m", "jaxwm.train", "--config=ppo:cartpole", f"--workdir={workdir}",
             "--config.log.progress=False", *overrides]
     return _launch(args, num_processes, devices_per_process=2)
 
@@ -145,7 +145,7 @@ def test_two_process_run_logs_once_resumes_and_refuses_another_process_count(tmp
     assert read_jsonl(workdir / "metrics.jsonl")[-1]["step"] == 4096
 
     proc = subprocess.run(
-        [sys.executable, "-m", "jaxwm.train", "--config=configs/ppo.py:cartpole",
+        [sys.executable, "-m", "jaxwm.train", "--config=ppo:cartpole",
          f"--workdir={workdir}", "--config.total_env_steps=8192",
          "--config.ppo.anneal_env_steps=200192", *short[2:], "--config.resume=True"],
         capture_output=True, text=True, cwd=ROOT, timeout=300)

@@ -107,7 +107,7 @@ def test_frames_follow_the_config_size_camera_and_action_repeat():
 
 
 def test_pixels_are_refused_for_envs_dm_control_does_not_render():
-    config = jaxwm.config.load("configs/dreamer.py:dmc_vision", {"env.id": "Pong-v5"})
+    config = jaxwm.config.load("dreamer:dmc_vision", {"env.id": "Pong-v5"})
     with pytest.raises(ConfigError, match="renders DMC tasks with dm_control"):
         validate(config)
     with pytest.raises(ConfigError, match="no asynchronous mode"):
@@ -115,7 +115,7 @@ def test_pixels_are_refused_for_envs_dm_control_does_not_render():
 
 
 def test_without_dm_control_or_opengl_the_error_says_what_to_install(monkeypatch):
-    config = jaxwm.config.load("configs/dreamer.py:dmc_vision")
+    config = jaxwm.config.load("dreamer:dmc_vision")
     monkeypatch.setitem(sys.modules, "dm_control", None)  # import dm_control -> ImportError
     with pytest.raises(ConfigError, match=r"pip install -e '\.\[dmc\]'"):
         validate(config)
@@ -134,7 +134,7 @@ def test_without_dm_control_or_opengl_the_error_says_what_to_install(monkeypatch
 @needs_renderer
 @pytest.mark.slow
 def test_dreamer_trains_from_dmc_pixels(tmp_path):
-    """configs/dreamer.py:dmc_vision at toy sizes: rendered frames collected from the jitted
+    """dreamer:dmc_vision at toy sizes: rendered frames collected from the jitted
     collect (io_callback on the envs' own thread), 16 updates of the image world model with
     the bounded-normal actor, an evaluation episode and the open-loop video (~60 s)."""
     overrides = {"total_env_steps": 48, "dreamer.prefill": 16, "dreamer.batch_size": 2,
@@ -144,7 +144,7 @@ def test_dreamer_trains_from_dmc_pixels(tmp_path):
                  "dreamer.report_context": 3, "env.num_envs": 2, "env.max_episode_steps": 10,
                  "eval.num_episodes": 1, "eval.num_envs": 1, "log.every": "8 env_steps",
                  "checkpoint.every": "never", "log.progress": False}
-    config = jaxwm.config.load("configs/dreamer.py:dmc_vision", overrides)
+    config = jaxwm.config.load("dreamer:dmc_vision", overrides)
     config.dreamer.size_overrides = dict(deter=16, hidden=8, classes=4, units=16, depth=2)
     summary = train.run(config, str(tmp_path / "run"))
     assert summary["env_steps"] == 48 and summary["counters"]["model_updates"] == 16

@@ -1,4 +1,4 @@
-"""DreamerV3 on the loop (configs/dreamer.py:debug, vector CartPole): train_ratio through the
+"""DreamerV3 on the loop (dreamer:debug, vector CartPole): train_ratio through the
 phases, the same seed giving the same run, resume continuing exactly, and bad input refused
 before anything compiles."""
 
@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def debug_config(**overrides):
-    config = load("configs/dreamer.py:debug", {"total_env_steps": STEPS, "eval.at_end": False,
+    config = load("dreamer:debug", {"total_env_steps": STEPS, "eval.at_end": False,
                                                "log.progress": False, **overrides})
     validate(config)
     return config
@@ -42,7 +42,7 @@ def first_run(tmp_path_factory):
     (8.0, 4, 1, 8, 10, ("collect:5", "update_model:2")),  # debug: 0.4 updates per collect
 ])
 def test_train_ratio_becomes_the_phase_hooks(ratio, envs, per_collect, batch, length, expected):
-    config = load("configs/dreamer.py:debug", {
+    config = load("dreamer:debug", {
         "dreamer.train_ratio": ratio, "env.num_envs": envs, "dreamer.steps_per_collect":
         per_collect, "dreamer.batch_size": batch, "dreamer.batch_length": length})
     assert dreamer.phase_hooks(config)["train"] == expected
@@ -50,10 +50,10 @@ def test_train_ratio_becomes_the_phase_hooks(ratio, envs, per_collect, batch, le
 
 
 def test_a_train_ratio_the_hooks_cannot_meet_is_refused():
-    config = load("configs/dreamer.py:debug", {"dreamer.train_ratio": 0.001})
+    config = load("dreamer:debug", {"dreamer.train_ratio": 0.001})
     with pytest.raises(ConfigError, match="train_ratio"):
         validate(config)
-    config = load("configs/dreamer.py:debug", {"phases.train.hooks": ("collect:1",
+    config = load("dreamer:debug", {"phases.train.hooks": ("collect:1",
                                                                       "update_model:1")})
     with pytest.raises(ConfigError, match="nearest: collect:5, update_model:2"):
         validate(config)
@@ -67,7 +67,7 @@ def test_a_train_ratio_the_hooks_cannot_meet_is_refused():
     ({"dreamer.repval": -0.3}, "repval"),
 ])
 def test_bad_input_is_refused_before_compiling(override, message):
-    config = load("configs/dreamer.py:debug")
+    config = load("dreamer:debug")
     config.env.pixels = False  # a key only dmc_vision sets
     config.update_from_flattened_dict(override)
     with pytest.raises(ConfigError, match=message):
@@ -78,10 +78,10 @@ def test_model_size_on_the_command_line_sets_the_model(tmp_path):
     """The issue's spelling, ``--config.model_size``, and ``--config.dreamer.model_size`` are one
     setting; an unknown size stops the launcher before anything is written."""
     for key in ("model_size", "dreamer.model_size"):
-        config = load("configs/dreamer.py:dmc_vision", {key: "25m"})
+        config = load("dreamer:dmc_vision", {key: "25m"})
         assert config.model_size == config.dreamer.model_size == "25m"
     cli = subprocess.run(
-        [sys.executable, "-m", "jaxwm.train", "--config=configs/dreamer.py:dmc_vision",
+        [sys.executable, "-m", "jaxwm.train", "--config=dreamer:dmc_vision",
          "--config.env.id=CheetahRun-v1", "--config.model_size=3m",
          f"--workdir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert cli.returncode != 0
@@ -90,7 +90,7 @@ def test_model_size_on_the_command_line_sets_the_model(tmp_path):
 
 
 def test_an_image_size_the_encoder_cannot_take_is_refused():
-    config = load("configs/dreamer.py:debug", {"env.id": "Pong-v5"})
+    config = load("dreamer:debug", {"env.id": "Pong-v5"})
     config.env.update(dict(img_height=84, img_width=84, gray_scale=False, frame_stack=1))
     with pytest.raises(ConfigError, match="64x64"):
         validate(config)
@@ -123,11 +123,11 @@ def test_the_same_seed_gives_the_same_run(first_run, tmp_path):
 
 @pytest.mark.slow
 def test_size1m_cartpole_reaches_400_within_50k_steps(tmp_path):
-    """configs/dreamer.py:cartpole (size1m, vector observations, horizon 100), ~15 min on 2
+    """dreamer:cartpole (size1m, vector observations, horizon 100), ~15 min on 2
     CPU cores; the measured runs: benchmarks/results/learning_cpu.md."""
     from jaxwm.runner import run
 
-    config = load("configs/dreamer.py:cartpole", {"log.progress": False})
+    config = load("dreamer:cartpole", {"log.progress": False})
     summary = run(config, str(tmp_path))
     assert summary["counters"]["env_steps"] == 50_000
     assert summary["eval/episodic_return"] >= 400, summary["eval/episodic_return"]
@@ -139,7 +139,7 @@ def test_pixels_run_end_to_end_and_write_open_loop_videos(tmp_path):
     convolutional encoder and decoder, and the open-loop GIF."""
     from jaxwm.runner import run
 
-    config = load("configs/dreamer.py:atari100k", {
+    config = load("dreamer:atari100k", {
         "total_env_steps": 48, "log.progress": False, "eval.at_end": False,
         "log.every": "16 env_steps", "checkpoint.every": "never", "eval.every": "never",
         "dreamer.size_overrides": {"deter": 16, "hidden": 8, "classes": 4, "units": 16,

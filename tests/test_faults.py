@@ -108,9 +108,9 @@ FAULTS = {
 }
 
 ALGOS = {  # tiny configs with four checkpoints (three kept), and a longer schedule to resume to
-    "ppo": ("configs/ppo.py:tiny", {"total_env_steps": 512, "ppo.anneal_lr": False},
+    "ppo": ("ppo:tiny", {"total_env_steps": 512, "ppo.anneal_lr": False},
             {"total_env_steps": 640, "ppo.anneal_lr": False}),
-    "mopo": ("configs/mopo.py:tiny", {"phases.policy.duration": 48},
+    "mopo": ("mopo:tiny", {"phases.policy.duration": 48},
              {"phases.policy.duration": 64}),
 }
 

@@ -101,7 +101,7 @@ def test_plot_reads_both_sides_logs(tmp_path):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_dreamer_cartpole_learns_and_never_falls_back(tmp_path, seed):
     """Issue 32's bar at the level the measurements support (24-55 min per seed on one core):
-    configs/dreamer.py:cartpole at the fidelity tool's CPU preset, run by the same command as
+    dreamer:cartpole at the fidelity tool's CPU preset, run by the same command as
     the comparison's jaxwm side (seed s at ``--config.seed`` 1000 x s). Once a 2,500-step
     window of training episodes reaches 300 (learned: a random policy scores ~22), no later
     window falls below 100; the last two windows average >= 300. Measured on every jaxwm

@@ -103,14 +103,14 @@ def test_host_env_xla_step_in_a_scan_equals_the_host_path():
 
 def test_crafter_without_the_package_is_refused_with_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "crafter", None)  # import crafter -> ImportError
-    config = jaxwm.config.load("configs/dreamer.py:crafter")
+    config = jaxwm.config.load("dreamer:crafter")
     with pytest.raises(ConfigError, match="pip install crafter"):
         validate(config)
 
 
 @needs_crafter
 def test_dreamer_collects_and_evaluates_on_crafter(tmp_path):
-    """configs/dreamer.py:crafter at toy sizes, its prefill phase: Crafter stepped from the
+    """dreamer:crafter at toy sizes, its prefill phase: Crafter stepped from the
     jitted collect (io_callback), its frames in the uint8 replay, and an evaluation episode
     through the policy. (Training on 64x64 images is test_dreamer.py's Pong test.)"""
     overrides = {"total_env_steps": 16, "dreamer.prefill": 16, "dreamer.batch_size": 2,
@@ -119,7 +119,7 @@ def test_dreamer_collects_and_evaluates_on_crafter(tmp_path):
                  "env.max_episode_steps": 10, "eval.num_episodes": 1,
                  "eval.num_envs": 1, "log.every": "8 env_steps", "checkpoint.every": "never",
                  "log.progress": False, "phase_order": ("prefill",)}
-    config = jaxwm.config.load("configs/dreamer.py:crafter", overrides)
+    config = jaxwm.config.load("dreamer:crafter", overrides)
     config.dreamer.size_overrides = dict(deter=16, hidden=8, classes=4, units=16, depth=2)
     summary = train.run(config, str(tmp_path / "run"))
     assert summary["env_steps"] == 16 and summary["counters"]["model_updates"] == 0

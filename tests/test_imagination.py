@@ -412,12 +412,12 @@ def _spec(discrete, action_shape, num_actions=None, obs_shape=(4,)):
 ])
 def test_dreamer_refuses_an_action_space_it_cannot_model(spec, message):
     with pytest.raises(ConfigError, match=message):
-        dreamer.validate_env(load("configs/dreamer.py:tiny"), spec)
+        dreamer.validate_env(load("dreamer:tiny"), spec)
 
 
 def test_dreamer_accepts_discrete_actions_and_flat_boxes():
-    dreamer.validate_env(load("configs/dreamer.py:tiny"), _spec(True, (), num_actions=4))
-    dreamer.validate_env(load("configs/dreamer.py:tiny"), _spec(False, (6,)))
+    dreamer.validate_env(load("dreamer:tiny"), _spec(True, (), num_actions=4))
+    dreamer.validate_env(load("dreamer:tiny"), _spec(False, (6,)))
 
 
 def test_replay_returns_stop_at_episode_ends_hand_numbers():

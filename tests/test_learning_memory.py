@@ -6,9 +6,9 @@ each memory backbone reaches a mean evaluation return >= 400 (10 episodes; evalu
 steps and at the end) within its config's budget: 200k env steps for LSTM, GRU and Mamba, the
 issue's 500k for GTrXL; no evaluation of the feed-forward agent (one frame) reaches 200 within
 200k. Settings:
-configs/ppo.py:cartpole_masked_tuned (RL Zoo's tuned RecurrentPPO settings for CartPoleNoVel
+ppo:cartpole_masked_tuned (RL Zoo's tuned RecurrentPPO settings for CartPoleNoVel
 with 10 epochs, memories of 128) for LSTM, GRU, Mamba and FF; GTrXL, which stayed below 170
-within 200k steps there, runs configs/ppo.py:cartpole_masked_transformer (MarcoMeter's
+within 200k steps there, runs ppo:cartpole_masked_transformer (MarcoMeter's
 episodic-transformer-memory-ppo CartPole settings: 16 envs x 256 steps, four layers) for the
 issue's 500k steps. Under BenchNetRL's own settings (cartpole_masked: clip 0.1, lr 2.5e-4, 4
 epochs, memories of 512) the GRU learns far slower (the runs:
@@ -27,13 +27,13 @@ from jaxwm.loop.metrics import read_jsonl
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# The config each backbone trains with (configs/ppo.py); any other: cartpole_masked_tuned.
+# The config each backbone trains with (jaxwm/configs/ppo.py); any other: cartpole_masked_tuned.
 VARIANT = {"gtrxl": "cartpole_masked_transformer"}
 
 
 def masked_cartpole(backbone):
     variant = VARIANT.get(backbone, "cartpole_masked_tuned")
-    return jaxwm.config.load(os.path.join(ROOT, f"configs/ppo.py:{variant}"),
+    return jaxwm.config.load(f"ppo:{variant}",
                              {"network.backbone": backbone, "log.progress": False,
                               "checkpoint.every": "never", "eval.every": "25000 env_steps"})
 

@@ -439,6 +439,35 @@ def test_resume_with_changed_config_is_refused(tmp_path):
         Trainer(config, toy_algorithm(), str(tmp_path))
 
 
+def test_a_run_of_another_algorithm_is_refused_in_one_line(tmp_path):
+    """A workdir holding a ppo run, started or resumed with dreamer's config: the refusal
+    names both algorithms in one line instead of listing every key the two configs differ
+    in; a same-algorithm mismatch keeps its listing."""
+    import json
+
+    import orbax.checkpoint as ocp
+
+    from jaxwm.config import load
+    from jaxwm.loop.checkpoint import Checkpointer, config_to_json_dict
+
+    manager = ocp.CheckpointManager(str(tmp_path / "checkpoints"))
+    manager.save(50, args=ocp.args.StandardSave({"w": jnp.zeros(3)}))
+    manager.wait_until_finished()
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump(config_to_json_dict(load("ppo:tiny")), f)
+    checkpointer = Checkpointer(str(tmp_path), keep=1)
+    for resume in (True, False):
+        with pytest.raises(IncompatibleCheckpointError) as error:
+            checkpointer.check_can_start(load("dreamer:tiny", {"resume": resume}), resume)
+        message = str(error.value)
+        assert "\n" not in message and len(message) < 300, message
+        assert f"{tmp_path} holds a ppo run" in message and "dreamer's" in message
+        assert "another --workdir" in message and "nothing was changed" in message
+    with pytest.raises(IncompatibleCheckpointError, match="env.num_envs: saved 4, now 8\n"):
+        checkpointer.check_can_start(load("ppo:tiny", {"resume": True, "env.num_envs": 8}),
+                                     True)
+
+
 def test_resume_with_mismatched_state_is_refused_and_kept(tmp_path):
     Trainer(toy_config(), toy_algorithm(width=3), str(tmp_path)).run()
     config = toy_config()
@@ -464,7 +493,7 @@ def test_unwritable_workdir_is_a_one_line_error(tmp_path):
     blocker.write_text("not a directory")
     with pytest.raises(ConfigError, match="cannot be written"):
         Trainer(toy_config(), toy_algorithm(), str(blocker / "run"))
-    cli = subprocess.run([sys.executable, "-m", "jaxwm.train", "--config=configs/ppo.py:cartpole",
+    cli = subprocess.run([sys.executable, "-m", "jaxwm.train", "--config=ppo:cartpole",
                           f"--workdir={blocker}/run", "--config.log.progress=False"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert cli.returncode == 1 and "cannot be written" in cli.stderr
@@ -621,10 +650,10 @@ def test_a_new_name_linked_to_a_saved_setting_is_no_difference():
     from jaxwm.config import load
     from jaxwm.loop.checkpoint import config_to_json_dict, linked_keys
 
-    config = load("configs/dreamer.py:cartpole")
+    config = load("dreamer:cartpole")
     linked = linked_keys(config)
     assert linked["model_size"] == ["dreamer.model_size"]
-    assert "ppo.anneal_env_steps" not in linked_keys(load("configs/ppo.py:cartpole"))  # derived
+    assert "ppo.anneal_env_steps" not in linked_keys(load("ppo:cartpole"))  # derived
     current = config_to_json_dict(config)
     saved = {**current, "dreamer": dict(current["dreamer"])}
     del saved["model_size"]  # as written before the name existed
@@ -692,6 +721,10 @@ def test_wandb_offline_logs_the_run_and_a_resume_continues_the_same_run(tmp_path
     assert open(tmp_path / "wandb_run_id").read().strip() == run_id
     runs = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
     assert len(runs) == 2 and all(r.endswith(run_id) for r in runs)
+    (run,) = _wandb_runs(tmp_path).values()  # one seed: one run, its charts against env steps
+    assert run["ids"] == {run_id} and "seed_index" not in run["config"]
+    assert run["metrics"] == {("counters/env_steps", ""), ("*", "counters/env_steps")}
+    assert sorted(r["_step"] for r in run["history"]) == [10, 20, 30]
     # jaxwm.report's columns: training wall time runs on across the resume; progress is of
     # the run's plan at the time (20 steps, then 30 after the resume lengthened it)
     rows = read_jsonl(tmp_path / "metrics.jsonl")
@@ -719,6 +752,163 @@ def test_wandb_without_the_package_is_a_one_line_error(monkeypatch):
     assert "pip install 'jaxwm[wandb]'" in check_config(config)
     config.log.wandb.mode = "sometimes"
     assert "log.wandb.mode must be one of" in check_config(config)
+
+
+def _wandb_runs(workdir) -> dict:
+    """The offline W&B runs under ``<workdir>/wandb``, read back from their ``.wandb`` files
+    (W&B's protobuf ``Record``s in LevelDB's log format: 32 KiB blocks of chunks, each after
+    a 7-byte header of checksum, length and type), by display name: id, group, config,
+    ``define_metric``s as (name or glob, step metric) and history rows. A resumed run's
+    files add to its entry. ``run.finish()`` may return before W&B's service has written
+    the run's file (seen with several runs in one process): ``wandb.teardown()`` waits."""
+    import json
+
+    import wandb
+    from wandb.proto import wandb_internal_pb2
+
+    wandb.teardown()
+    runs, block = {}, 32768
+    for path in sorted(glob.glob(os.path.join(workdir, "wandb", "offline-run-*", "*.wandb"))):
+        data = open(path, "rb").read()
+        assert data[:4] == b":W&B"
+        records, pos, chunk = [], 7, b""
+        while pos + 7 <= len(data):
+            if block - pos % block < 7:  # a block's tail too short for a header: padding
+                pos += block - pos % block
+                continue
+            _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            if kind == 0:
+                break
+            chunk, pos = chunk + data[pos + 7:pos + 7 + length], pos + 7 + length
+            if kind in (1, 4):  # a whole record, or its last chunk
+                records.append(wandb_internal_pb2.Record.FromString(chunk))
+                chunk = b""
+
+        def key(item):
+            return item.key or "/".join(item.nested_key)
+
+        kinds = [r.WhichOneof("record_type") for r in records]
+        assert kinds.count("run") == 1 and kinds[-1] == "exit", (path, kinds)  # finished
+        (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+        entry = runs.setdefault(run.display_name, {"ids": set(), "config": {}, "metrics": set(),
+                                                   "history": []})
+        entry["ids"].add(run.run_id)
+        entry["group"] = run.run_group
+        for record in records:
+            kind = record.WhichOneof("record_type")
+            if kind in ("run", "config"):
+                updates = (record.run if kind == "run" else record).config.update
+                entry["config"].update({key(u): json.loads(u.value_json) for u in updates})
+            elif kind == "metric":
+                entry["metrics"].add((record.metric.name or record.metric.glob_name,
+                                      record.metric.step_metric))
+            elif kind == "history":
+                entry["history"].append({key(i): json.loads(i.value_json)
+                                         for i in record.history.item})
+    return runs
+
+
+def test_wandb_seed_rows_hold_each_seeds_values_under_the_plain_names():
+    from jaxwm.loop.wandb_sink import seed_row
+
+    window = MetricWindow()
+    window.add({"eval/episodic_return": metrics_module.PerSeed(np.array([1.0, 3.0])),
+                "charts/episodic_return": metrics_module.PerSeed(np.array([np.nan, 5.0]))})
+    row = {**window.flush(), "charts/SPS": 100.0, "counters/env_steps": 10.0,
+           "model/prediction": "videos/model_prediction_10.gif"}
+    assert "eval/episodic_return/seed_1" in row and "charts/episodic_return/seed_0" not in row
+    shared = {"charts/SPS": 100.0, "counters/env_steps": 10.0}
+    media = frozenset({"model/prediction"})
+    assert seed_row(row, 0, media) == {  # seed 0 had no episodic return; the media are its
+        "eval/episodic_return": 1.0, **shared,
+        "model/prediction": "videos/model_prediction_10.gif"}
+    assert seed_row(row, 1, media) == {"eval/episodic_return": 3.0,
+                                       "charts/episodic_return": 5.0, **shared}
+
+
+def test_wandb_logs_each_seed_as_a_run_of_one_group(tmp_path, monkeypatch):
+    """The sink driven directly, real wandb offline: a 2-seed run's rows make two W&B runs in
+    one group, named and configured per seed, each with its seed's values under the plain
+    names, the shared values, and every metric plotted against the x-axis counter."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
+    config = toy_config()
+    config.num_seeds = 2
+    config.log.wandb.project = "jaxwm-test"
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    writer = metrics_module.MetricWriter(str(workdir), config=config)
+    for step in (10, 20):
+        window = MetricWindow()
+        window.add({"eval/episodic_return": metrics_module.PerSeed(np.array([step, -step]))})
+        writer.write(step, {**window.flush(), "charts/SPS": 7.0,
+                            "counters/env_steps": float(step)})
+    writer.close()
+    assert read_jsonl(workdir / "metrics.jsonl")[0]["eval/episodic_return/seed_1"] == -10.0
+
+    runs = _wandb_runs(workdir)
+    assert sorted(runs) == ["run_seed_0", "run_seed_1"]
+    ids = open(workdir / "wandb_run_id").read().split()
+    for k, sign in enumerate((1, -1)):
+        run = runs[f"run_seed_{k}"]
+        assert run["ids"] == {ids[k]} and run["group"] == "toy"
+        assert run["config"]["seed_index"] == k and run["config"]["num_seeds"] == 2
+        assert run["config"]["agent_seed"] == 1 + 8 * k  # seed + k * env.num_envs
+        assert run["metrics"] == {("counters/env_steps", ""), ("*", "counters/env_steps")}
+        rows = run["history"]
+        assert [r["eval/episodic_return"] for r in rows] == [sign * 10.0, sign * 20.0]
+        assert [r["_step"] for r in rows] == [r["counters/env_steps"] for r in rows] == [10, 20]
+        assert all(r["charts/SPS"] == 7.0 for r in rows)
+        assert not any("/seed_" in name for r in rows for name in r)
+
+
+def test_wandb_two_seeds_of_a_run_resume_as_the_same_two_runs(tmp_path, monkeypatch):
+    """End to end: a 2-seed Trainer run logs one offline W&B run per seed; the resumed run
+    reopens both (``wandb_run_id`` holds one id per seed); the media go to seed 0's run."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
+
+    def collect(state, data, key):
+        n = state["n"] + 1
+        return {"n": n}, {}, {"charts/episodic_return": n * jnp.array([1.0, 10.0]),
+                              "model/prediction": Video(jnp.zeros((2, 8, 8, 3)), fps=10)}
+
+    def algorithm():
+        return Algorithm(name="seeds", init=lambda key: {"n": jnp.zeros((2,))},
+                         hooks={"collect": Hook(collect, counts={"env_steps": 5})})
+
+    config = toy_config()
+    config.num_seeds = 2
+    config.phase_order = ("warmup",)
+    config.phases.warmup = dict(unit="env_steps", duration=20, hooks=("collect",))
+    config.log.wandb.project = "jaxwm-test"
+    config.checkpoint.every = "10 env_steps"
+    workdir = tmp_path / "run"
+    Trainer(config, algorithm(), str(workdir)).run()
+    ids = open(workdir / "wandb_run_id").read().split()
+    assert len(ids) == 2
+    config.phases.warmup = dict(unit="env_steps", duration=30, hooks=("collect",))
+    config.resume = True
+    Trainer(config, algorithm(), str(workdir)).run()
+    assert open(workdir / "wandb_run_id").read().split() == ids
+
+    runs = _wandb_runs(workdir)
+    assert sorted(runs) == ["run_seed_0", "run_seed_1"]
+    assert len(glob.glob(str(workdir / "wandb" / "offline-run-*"))) == 4  # 2 runs, 2 starts
+    for k, scale in enumerate((1.0, 10.0)):
+        run = runs[f"run_seed_{k}"]
+        assert run["ids"] == {ids[k]} and run["group"] == "toy"
+        rows = sorted(run["history"], key=lambda r: r["_step"])  # of both starts
+        # n is 1, 2 | 3, 4 | 5, 6 in the windows ending at 10, 20, 30 env steps
+        assert [r["counters/env_steps"] for r in rows] == [10, 20, 30]
+        assert [r["charts/episodic_return"] for r in rows] == [1.5 * scale, 3.5 * scale,
+                                                                5.5 * scale]
+        assert all("charts/SPS" in r and "charts/progress" in r for r in rows)
+        assert [r.get("model/prediction/_type") for r in rows] == (  # a W&B video's fields
+            ["video-file"] * 3 if k == 0 else [None] * 3)
+        assert ("*", "counters/env_steps") in run["metrics"]
 
 
 # ----------------------------------------------------------------- the run's pieces, alone

@@ -67,7 +67,7 @@ def test_planner_picks_the_best_sequence_and_prior_moves_to_elites():
 
 
 def mbrs_config(**overrides):
-    return jaxwm.config.load(os.path.join(ROOT, "configs/mbrs.py:pendulum"),
+    return jaxwm.config.load("mbrs:pendulum",
                              {"log.progress": False, **overrides})
 
 
@@ -108,7 +108,7 @@ DONATION_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     import jax, jaxwm.config
     from jaxwm.algos import mbrs
-    config = jaxwm.config.load({root!r} + "/configs/mbrs.py:pendulum",
+    config = jaxwm.config.load("mbrs:pendulum",
                                {{"mbrs.capacity": 20_000_000, "env.num_envs": 4}})
     algo = mbrs.build(config)
     state = jax.block_until_ready(algo.init(jax.random.PRNGKey(0)))

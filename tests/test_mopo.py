@@ -38,7 +38,7 @@ def pendulum_random(tmp_path_factory):
 
 def mopo_config(path, tmp_path, **overrides):
     del tmp_path
-    return jaxwm.config.load(os.path.join(ROOT, "configs/mopo.py:pendulum_tiny"),
+    return jaxwm.config.load("mopo:pendulum_tiny",
                              {"log.progress": False, "dataset": path, **SMALL, **overrides})
 
 
@@ -180,7 +180,7 @@ def test_d4rl_variants_carry_mopos_horizon_and_lambda():
             "walker2d_medium_replay": (1, 2.5), "halfcheetah_medium_expert": (5, 2.5),
             "hopper_medium_expert": (5, 5.0), "walker2d_medium_expert": (1, 2.5)}
     for variant, (horizon, coef) in want.items():
-        c = jaxwm.config.load(os.path.join(ROOT, f"configs/mopo.py:{variant}"))
+        c = jaxwm.config.load(f"mopo:{variant}")
         assert (c.mopo.horizon, c.penalty_coef) == (horizon, coef), variant
         assert c.dataset == f"data/{variant.replace('_', '-')}.hdf5"
         assert c.env.id.split("-")[0].lower() == variant.split("_")[0]
@@ -208,12 +208,12 @@ def pendulum_medium(tmp_path_factory):
                                                ("gormpo", "tanh", 1.0),
                                                ("gormpo", "softplus", 0.1)])
 def test_pendulum_tiny_beats_the_behaviour_policy(pendulum_medium, tmp_path, algo, shape, coef):
-    """configs/mopo.py:pendulum_tiny with each shape's coefficient (inverse 0.001, softplus 0.1,
+    """mopo:pendulum_tiny with each shape's coefficient (inverse 0.001, softplus 0.1,
     the others 1.0): the final evaluation return (10 episodes, deterministic policy) beats the mean episode
     return of the dataset it learned from."""
     behaviour = datasets.load_dataset(pendulum_medium).metadata["generation"][
         "dataset_return_mean"]
-    config = jaxwm.config.load(os.path.join(ROOT, "configs/mopo.py:pendulum_tiny"),
+    config = jaxwm.config.load("mopo:pendulum_tiny",
                                {"log.progress": False, "dataset": pendulum_medium,
                                 "algo": algo, "penalty": shape, "penalty_coef": coef})
     summary = train.run(config, str(tmp_path / "run"))

@@ -1,4 +1,4 @@
-"""Pairings of world models and agents (configs/pairing.py, jaxwm/agents/components.py): the
+"""Pairings of world models and agents (jaxwm/configs/pairing.py, jaxwm/agents/components.py): the
 ones that cannot work are refused in one line, each pairing's tiny form trains (its contract
 runs in tests/test_contract.py), and (slow) each learns on a small env, beating a uniformly
 random policy."""
@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def pairing(variant, **overrides):
-    return load(os.path.join(ROOT, f"configs/pairing.py:{variant}"),
+    return load(f"pairing:{variant}",
                 {"log.progress": False, **overrides})
 
 
@@ -47,10 +47,10 @@ def test_any_other_pairing_is_a_command_line_away_from_a_pairing_config(tmp_path
 
 
 def test_a_config_without_a_components_block_is_refused_in_one_line():
-    config = load(os.path.join(ROOT, "configs/dreamer.py:tiny"),
+    config = load("dreamer:tiny",
                   {"components.agent": "cmaes", "log.progress": False})
     with pytest.raises(ConfigError, match="takes its settings from config.cmaes, which this "
-                                          "config lacks; start from a configs/pairing.py"):
+                                          "config lacks; start from a jaxwm/configs/pairing.py"):
         runner.validate(config)
 
 

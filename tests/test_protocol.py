@@ -6,11 +6,12 @@ the dynamics ensemble), and the functions over it (``imagine``, ``rollout_sequen
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from jaxwm.agents import cma_es
 from jaxwm.envs import acting
-from jaxwm.models import ensemble, mdnrnn, nextframe, protocol, rssm, termination, vae
+from jaxwm.models import dynamics, ensemble, mdnrnn, nextframe, protocol, rssm, termination, vae
 from jaxwm.models import tdmpc2 as tdmpc2_model
 from jaxwm.models.dynamics import Normalizer
 from jaxwm.models.vision_memory import VisionMemory
@@ -64,8 +65,14 @@ def ensemble_case():
     return model, state, jnp.ones((N, 3))
 
 
+def dynamics_case():
+    net = dynamics.DynamicsMLP(4, (8,))
+    state = dynamics.init(net, optax.adam(1e-3), jax.random.key(0), 3, 1)
+    return dynamics.DynamicsModel(net, 1, lambda a: 2.0 * a), state, jnp.ones((N, 3))
+
+
 CASES = {"rssm": rssm_case, "nextframe": frames_case, "tdmpc2": latent_case,
-         "vae_mdnrnn": vision_memory_case, "ensemble": ensemble_case}
+         "vae_mdnrnn": vision_memory_case, "ensemble": ensemble_case, "dynamics": dynamics_case}
 
 
 def action(model, key):
@@ -124,6 +131,33 @@ def test_imagine_and_fixed_sequences_agree_with_stepping_by_hand(name):
     for got, expected in zip(jax.tree.leaves(final), jax.tree.leaves(state), strict=True):
         np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected, np.float32),
                                    rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_predict_observes_then_steps_and_decodes_each_state(name):
+    """``predict`` (what ``jaxwm.load(...).world_model.imagine`` shows) is ``observe`` from
+    ``initial`` with a zero action, then ``step`` one at a time with the keys it draws, and
+    where the model decodes, the frame of each state after a step."""
+    model, params, obs = CASES[name]()
+    horizon, key = 3, jax.random.key(7)
+    actions = jnp.stack([action(model, k) for k in jax.random.split(jax.random.key(8), horizon)],
+                        axis=1)
+    out = jax.jit(lambda p, o, a, k: protocol.predict(model, p, o, a, k))(params, obs, actions,
+                                                                           key)
+    k_observe, k_steps = jax.random.split(key)
+    state = model.observe(params, model.initial(params, N), jnp.zeros_like(actions[:, 0]), obs,
+                          jnp.ones(N, bool), k_observe)
+    assert set(out) == {"rewards", "continues", "features"} | ({"frames"} if model.decodes
+                                                               else set())
+    for t, k in enumerate(jax.random.split(k_steps, horizon)):
+        state, reward, cont = model.step(params, state, actions[:, t], k)
+        np.testing.assert_allclose(out["rewards"][:, t], reward, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(out["continues"][:, t], cont, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(out["features"][:, t], model.features(params, state),
+                                   rtol=1e-4, atol=1e-4)
+        if model.decodes:
+            np.testing.assert_allclose(out["frames"][:, t], model.decode(params, state),
+                                       rtol=1e-4, atol=1e-4)
 
 
 def test_as_env_ends_rows_where_the_model_stops_continuing_and_keeps_them_ended():

@@ -13,18 +13,21 @@ METRIC = "eval/episodic_return"
 
 
 def write_run(path, finals, env_id="CartPole-v1", lr=1e-3, steps=(100, 200, 300), progress=1.0,
-              algo="ppo", seed=0, truncate=False):
+              algo="ppo", seed=0, truncate=False, offline=False):
     """A run directory: config.json, and metrics.jsonl with eval rows rising linearly to
-    ``finals`` (one value: a one-seed run; several: a num_seeds run's seed columns)."""
+    ``finals`` (one value: a one-seed run; several: a num_seeds run's seed columns).
+    ``offline``: logged against agent updates, with no env-step counter (MOPO, diffusion)."""
     os.makedirs(path, exist_ok=True)
+    counter = "agent_updates" if offline else "env_steps"
     config = {"algo": algo, "seed": seed, "total_env_steps": steps[-1], "num_seeds": len(finals),
-              "env": {"id": env_id}, "ppo": {"lr": lr}, "log": {"every": "100 env_steps"}}
+              "env": {"id": env_id}, "ppo": {"lr": lr},
+              "log": {"every": f"100 {counter}", "x_axis": counter}}
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f)
     with open(os.path.join(path, "metrics.jsonl"), "w") as f:
         for i, step in enumerate(steps):
             frac = (i + 1) / len(steps)
-            row = {"step": step, "counters/env_steps": step, "charts/wall_seconds": 10.0 * step,
+            row = {"step": step, f"counters/{counter}": step, "charts/wall_seconds": 10.0 * step,
                    "charts/progress": progress * frac, METRIC: float(np.mean(finals)) * frac}
             if len(finals) > 1:
                 row.update({f"{METRIC}/seed_{k}": v * frac for k, v in enumerate(finals)})
@@ -32,6 +35,15 @@ def write_run(path, finals, env_id="CartPole-v1", lr=1e-3, steps=(100, 200, 300)
         if truncate:
             f.write('{"step": 400, "counters/env_steps": 400, "eval/episodic_ret')
     return path
+
+
+def edit_config(path, edit):
+    """Rewrites a run's config.json as ``edit(config)`` leaves it."""
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    edit(config)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
 
 
 def report(tmp_path, paths, **kwargs):
@@ -97,6 +109,31 @@ def test_groups_by_the_settings_that_differ(tmp_path):
     assert len(by_algo.table) == 1 and by_algo.table[0]["seeds"] == 8
 
 
+def test_several_algorithms_get_a_table_each_with_only_their_own_settings(tmp_path):
+    """ppo at two learning rates and dreamer, whose config keys all differ from ppo's: one
+    table per algorithm, its columns the settings that differ among that algorithm's runs
+    (not one column per key of either algorithm), the seeds counted, not listed."""
+    for lr in (1e-3, 1e-4):
+        for seed in (0, 1000):
+            write_run(tmp_path / "runs" / f"ppo_{lr}_{seed}", [10.0], lr=lr, seed=seed)
+    for seed in (0, 1000):
+        path = write_run(tmp_path / "runs" / f"dreamer_{seed}", [5.0], algo="dreamer", seed=seed)
+        edit_config(path, lambda c: (c.pop("ppo"), c.update(dreamer={"horizon": 15, "lr": 4e-5})))
+    out = report(tmp_path, [tmp_path / "runs"])
+    text = out.markdown
+    dreamer = text[text.index("\n## dreamer\n"):text.index("\n## ppo\n")]
+    ppo = text[text.index("\n## ppo\n"):text.index("\n## Aggregates")]
+    assert "| seeds | status |" in dreamer and "ppo." not in dreamer
+    assert "| ppo.lr | seeds | status |" in ppo and "dreamer." not in ppo
+    assert [(r["algo"], r.get("ppo.lr"), r["seeds"]) for r in out.table] == [
+        ("dreamer", None, 2), ("ppo", 0.0001, 2), ("ppo", 0.001, 2)]
+    assert not any(k.startswith("dreamer.") for r in out.table for k in r)
+    assert set(out.aggregates) == {"algo=dreamer", "algo=ppo, ppo.lr=0.0001",
+                                   "algo=ppo, ppo.lr=0.001"}
+    with open(tmp_path / "out" / "table.csv") as f:
+        assert f.readline().startswith("algo,ppo.lr,seeds,status,")
+
+
 def test_runs_whose_envs_overlap_are_named(tmp_path):
     """Separate runs with seeds 1 and 2 share envpool's envs 2.. of their pools (env i is
     seeded seed + i), so their seeds are not independent: the report says so; seeds 1000
@@ -129,6 +166,92 @@ def test_half_written_metrics_are_read_to_the_last_full_row(tmp_path):
     assert why == "" and list(run.seeds[0].env_steps) == [100, 200, 300]
     out = report(tmp_path, [path])
     assert out.table[0]["status"] == "1 of 1 in progress (from 50%)"
+
+
+def test_a_half_written_row_never_hides_the_final_evaluation(tmp_path):
+    """A crash mid-write leaves a row cut short: as the last line with or without its newline,
+    or with a restarted run's next row written onto it. The complete rows around it count
+    (the final evaluation is the last whole one), the broken line is named in one line, and a
+    file holding nothing but a cut row is not called empty."""
+    cut = '{"step": 400, "counters/env_steps": 400, "eval/episodic_ret'
+    for name, tail in (("newline", cut + "\n"), ("none", cut)):
+        path = write_run(tmp_path / "runs" / name, [3.0])
+        with open(os.path.join(path, "metrics.jsonl"), "a") as f:
+            f.write(tail)
+        run, why = load_run(str(path), METRIC)
+        assert why == "" and run.seeds[0].final == pytest.approx(3.0), why
+        assert run.note == "skipped metrics.jsonl's line 4: not a whole row (cut short mid-write?)"
+
+    glued = write_run(tmp_path / "runs" / "glued", [3.0])
+    with open(os.path.join(glued, "metrics.jsonl")) as f:
+        lines = f.readlines()
+    with open(os.path.join(glued, "metrics.jsonl"), "w") as f:
+        f.writelines([lines[0], cut + lines[1], lines[2]])
+    run, why = load_run(str(glued), METRIC)
+    assert why == "" and list(run.seeds[0].env_steps) == [100, 300]
+    assert run.seeds[0].final == pytest.approx(3.0) and "line 2" in run.note
+
+    only = write_run(tmp_path / "runs" / "only", [1.0])
+    with open(only / "metrics.jsonl", "w") as f:
+        f.write(cut)
+    run, why = load_run(str(only), METRIC)
+    assert run is None and "empty" not in why and "cut short" in why
+
+    lines = []
+    out = make_report([str(tmp_path / "runs")], str(tmp_path / "out"), log=lines.append, reps=200)
+    assert out.table[0]["seeds"] == 3 and out.table[0]["final"][0] == pytest.approx(3.0)
+    assert sum("not a whole row" in line for line in lines) == 3
+    assert all("\n" not in line for line in lines)
+
+
+def test_curves_against_env_steps_or_one_line_that_says_why_not(tmp_path):
+    """curves_env_steps.png draws the runs that count env steps; offline runs, which count
+    none, are drawn against their own counter (curves_agent_updates.png), and one line says
+    so, whether they are all of the runs or some."""
+    for seed in (0, 1000):
+        write_run(tmp_path / "offline" / f"s{seed}", [-100.0], algo="mopo", seed=seed,
+                  offline=True)
+    lines = []
+    out = make_report([str(tmp_path / "offline")], str(tmp_path / "out"), log=lines.append,
+                      reps=200)
+    assert "curves_env_steps.png" not in out.files
+    assert {"curves_agent_updates.png", "curves_wall_time.png"} <= set(out.files)
+    assert not os.path.exists(tmp_path / "out" / "curves_env_steps.png")
+    (why,) = [line for line in lines if "curves_env_steps.png" in line]
+    assert why.startswith("jaxwm.report: no curves_env_steps.png: no run counts env steps")
+    assert "curves_agent_updates.png" in why and "\n" not in why
+
+    write_run(tmp_path / "both" / "ppo", [10.0])
+    write_run(tmp_path / "both" / "mopo", [-100.0], algo="mopo", offline=True)
+    lines = []
+    out = make_report([str(tmp_path / "both")], str(tmp_path / "out2"), log=lines.append,
+                      reps=200)
+    assert {"curves_env_steps.png", "curves_agent_updates.png"} <= set(out.files)
+    (why,) = [line for line in lines if "curves_env_steps.png" in line]
+    assert why.startswith("jaxwm.report: curves_env_steps.png leaves out algo=mopo")
+
+
+def test_a_run_with_one_evaluation_is_drawn_as_a_point(tmp_path, monkeypatch):
+    """One evaluation per seed: each figure shows the mean as a marker (a line through one
+    point draws nothing), and the figures are written."""
+    from jaxwm.report import figures
+
+    drawn = {}
+    curves = figures.curves
+
+    def recording(panels, path, *args):
+        drawn[os.path.basename(path)] = panels
+        return curves(panels, path, *args)
+
+    monkeypatch.setattr(figures, "curves", recording)
+    for seed in (0, 1000):
+        write_run(tmp_path / "runs" / f"s{seed}", [10.0 + seed / 100], steps=(100,), seed=seed)
+    out = report(tmp_path, [tmp_path / "runs"])
+    assert {"curves_env_steps.png", "curves_wall_time.png"} <= set(out.files)
+    for name in ("curves_env_steps.png", "curves_wall_time.png"):
+        fig = figures.draw_curves(drawn[name], "x", "y")
+        (mean, *_) = [line for line in fig.axes[0].lines if line.get_marker() == "o"]
+        assert len(mean.get_xdata()) == 1 and mean.get_ydata()[0] == pytest.approx(15.0)
 
 
 def test_runs_without_metrics_are_named_and_skipped(tmp_path):

@@ -19,7 +19,7 @@ BOX = sac.ActionBox(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.f
 
 
 def sac_config(variant="pendulum", **overrides):
-    return jaxwm.config.load(os.path.join(ROOT, f"configs/sac.py:{variant}"),
+    return jaxwm.config.load(f"sac:{variant}",
                              {"log.progress": False, **overrides})
 
 

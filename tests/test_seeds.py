@@ -31,7 +31,7 @@ def test_seeds_are_logged_each_and_summarised(tmp_path):
     """A 2-seed run's rows hold every metric per seed, their mean and spread; counters count
     per seed; the evaluation is per seed too and the curve shows the band. (That each seed
     trains exactly as its own run: the contract suite, tests/test_contract.py.)"""
-    both = jaxwm.config.load(os.path.join(ROOT, "configs/ppo.py:cartpole"),
+    both = jaxwm.config.load("ppo:cartpole",
                              {**SMALL, "num_seeds": 2})
     summary = train.run(both, str(tmp_path / "both"))
     rows = read_jsonl(tmp_path / "both" / "metrics.jsonl")
@@ -68,7 +68,7 @@ SEEDS_ON_DEVICES = textwrap.dedent("""
     from jaxwm.loop import seeds
     out = {{}}
     for n in (1, 2):
-        c = jaxwm.config.load(os.path.join({root!r}, "configs/ppo.py:cartpole_masked"), {{
+        c = jaxwm.config.load("ppo:cartpole_masked", {{
             "num_devices": n, "num_seeds": 2, "network.backbone": "gru", "network.rnn.hidden": 16,
             "network.hidden": (16,), "ppo.num_steps": 16}})
         algo = ppo_algo.build(c)

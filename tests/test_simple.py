@@ -336,17 +336,17 @@ def test_the_simulator_scan_equals_stepping_it_in_a_python_loop():
     ({"simple.model_steps": 5}, "multiples of rollout_length"),
 ])
 def test_bad_settings_are_refused_before_anything_compiles(override, message):
-    config = load("configs/simple.py:tiny", override)
+    config = load("simple:tiny", override)
     with pytest.raises(ConfigError, match=message):
         simple.validate(config)
 
 
 def test_strategy_and_stochastic_are_one_setting_at_either_path():
-    config = load("configs/simple.py:atari100k", {"strategy": "online", "stochastic": False})
+    config = load("simple:atari100k", {"strategy": "online", "stochastic": False})
     assert config.simple.strategy == "online" and config.simple.stochastic is False
     hooks = simple.phase_hooks(config)
     assert not any(h.startswith("update_reward") for h in hooks["epoch_00"])  # joint training
-    config = load("configs/simple.py:atari100k")
+    config = load("simple:atari100k")
     hooks = simple.phase_hooks(config)
     assert hooks["random"] == ("collect",)
     assert hooks["epoch_00"] == ("collect:64", "report_model", "update_model:900",

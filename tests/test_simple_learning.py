@@ -32,7 +32,7 @@ def run_tiny(tmp_path, collect_per_epoch=256, **overrides):
                 "env.img_height": 52, "env.img_width": 40, "simple.epochs": 2, "stochastic": True,
                 "phase_order": ("random", "epoch_00", "epoch_01")}
     settings.update(overrides)
-    config = load("configs/simple.py:tiny", settings)
+    config = load("simple:tiny", settings)
     config.phases.random.duration = settings["simple.random_steps"]
     config.phases.epoch_01 = dict(config.phases.epoch_00)
     config.total_env_steps = settings["simple.random_steps"] + 2 * collect_per_epoch
@@ -131,7 +131,7 @@ def test_a_policy_trained_only_in_the_model_beats_random_play_in_the_real_game(t
                 "checkpoint.every": "never",
                 "log.every": "4096 env_steps, 800 model_updates, 100 agent_updates",
                 "phase_order": ("random", "epoch_00")}
-    config = load("configs/simple.py:tiny", settings)
+    config = load("simple:tiny", settings)
     config.phases.random.duration = settings["simple.random_steps"]
     config.simple.agent_multipliers = {}
     config.total_env_steps = settings["simple.random_steps"] + settings["simple.collect_per_epoch"]

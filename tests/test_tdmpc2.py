@@ -431,7 +431,7 @@ def test_the_encoder_learns_at_a_third_of_the_rate_and_the_policy_apart():
 
 
 def test_dmc_action_repeat_gives_500_step_episodes_with_summed_rewards():
-    config = load("configs/tdmpc2.py:dmc", {"env.id": "CartpoleBalance-v1"})
+    config = load("tdmpc2:dmc", {"env.id": "CartpoleBalance-v1"})
     env = make_env(config.env, num_envs=1, seed=0)
     try:
         assert env.spec.max_episode_steps == 500
@@ -440,9 +440,9 @@ def test_dmc_action_repeat_gives_500_step_episodes_with_summed_rewards():
 
 
 def test_model_size_is_one_setting_at_either_path():
-    config = load("configs/tdmpc2.py:dmc", {"model_size": 1})
+    config = load("tdmpc2:dmc", {"model_size": 1})
     assert config.tdmpc2.model_size == 1
-    config = load("configs/tdmpc2.py:dmc", {"tdmpc2.model_size": 19})
+    config = load("tdmpc2:dmc", {"tdmpc2.model_size": 19})
     assert config.model_size == 19
 
 
@@ -454,7 +454,7 @@ def test_model_size_is_one_setting_at_either_path():
     ({"tdmpc2.num_pi_trajs": 32}, "must exceed num_pi_trajs=32"),
 ])
 def test_bad_settings_are_one_line_errors_before_anything_compiles(overrides, message):
-    config = load("configs/tdmpc2.py:tiny", overrides)
+    config = load("tdmpc2:tiny", overrides)
     with pytest.raises(ConfigError, match=None) as error:
         runner.validate(config)
     assert message in str(error.value) and "\n" not in str(error.value)
@@ -462,11 +462,11 @@ def test_bad_settings_are_one_line_errors_before_anything_compiles(overrides, me
 
 def test_the_issue_commands_validate():
     for spec_, overrides in [
-            ("configs/tdmpc2.py:dmc", {"env.id": "CheetahRun-v1"}),
-            ("configs/tdmpc2.py:dmc", {"model_size": 1, "env.id": "CartpoleSwingup-v1"}),
-            ("configs/tdmpc2.py:mujoco", {"env.id": "Hopper-v4"}),
-            ("configs/tdmpc2.py:tiny", {}),
-            ("configs/tdmpc2.py:tiny", {"env.id": "CartpoleBalance-v1", "tdmpc2.horizon": 5})]:
+            ("tdmpc2:dmc", {"env.id": "CheetahRun-v1"}),
+            ("tdmpc2:dmc", {"model_size": 1, "env.id": "CartpoleSwingup-v1"}),
+            ("tdmpc2:mujoco", {"env.id": "Hopper-v4"}),
+            ("tdmpc2:tiny", {}),
+            ("tdmpc2:tiny", {"env.id": "CartpoleBalance-v1", "tdmpc2.horizon": 5})]:
         runner.validate(load(spec_, overrides))
     assert math.isclose(agent_lib.make(spec(episode=1000), load(
-        "configs/tdmpc2.py:mujoco").tdmpc2).hyper.discount, 0.995)
+        "tdmpc2:mujoco").tdmpc2).hyper.discount, 0.995)

@@ -24,7 +24,7 @@ def evaluations(spec: str, workdir: str, **overrides) -> list[tuple[int, float]]
 
 
 def test_pendulum_reaches_minus_250(tmp_path):
-    """``configs/tdmpc2.py:pendulum`` as it ships: 1000 random steps, 1000 pretraining updates,
+    """``tdmpc2:pendulum`` as it ships: 1000 random steps, 1000 pretraining updates,
     then 4000 steps with one update each (batch 128; MPPI 4 iterations of 256 samples),
     evaluated on 5 episodes every 1000 steps and after the last update. Budget: 5000 env
     steps. Measured (2026-11-25, 35 min on 2 cores with other runs beside it): -1517.0 (random,
@@ -32,7 +32,7 @@ def test_pendulum_reaches_minus_250(tmp_path):
     (2026-11-27, 12 min alone, Q-head dropout from ``ops.dropout``): -239.5, -397.3, -118.6,
     -211.8 and -123.6. Again (2026-11-27, later, the Q heads as one function of their stacked
     parameters, 11 min alone): -196.7, -172.3, -117.8, -207.4 and -122.0."""
-    evals = evaluations("configs/tdmpc2.py:pendulum", str(tmp_path))
+    evals = evaluations("tdmpc2:pendulum", str(tmp_path))
     print("Pendulum evaluations:", evals)
     assert evals[-1][0] == 5000
     assert evals[-1][1] >= -250, evals
@@ -52,7 +52,7 @@ def test_cartpole_balance_reaches_800(tmp_path):
     718.5 at 5000, 938.9 at 10000, 949.9 after the last update. The earlier runs that stalled near
     470 had envpool's action repeat, which reported only the last control step's reward: half
     of these returns (jaxwm/envs/factory.py now sums them)."""
-    evals = evaluations("configs/tdmpc2.py:dmc", str(tmp_path), **CARTPOLE)
+    evals = evaluations("tdmpc2:dmc", str(tmp_path), **CARTPOLE)
     print("CartpoleBalance evaluations:", evals)
     assert max(r for _, r in evals) >= 800, evals
 

@@ -308,7 +308,7 @@ def test_bad_settings_are_one_line_errors(overrides, message):
     from jaxwm import runner
     from jaxwm.config import ConfigError, load
 
-    config = load("configs/worldmodels.py:tiny", overrides)
+    config = load("worldmodels:tiny", overrides)
     with pytest.raises(ConfigError, match=message):
         runner.validate(config)
 
@@ -340,7 +340,7 @@ def test_brownian_exploration_moves_by_small_steps_within_the_box_and_restarts()
 
 
 def test_the_tiny_config_evolves_in_the_dream_end_to_end(tmp_path):
-    """``configs/worldmodels.py:tiny`` with ``controller.train_in=dream``: every phase runs,
+    """``worldmodels:tiny`` with ``controller.train_in=dream``: every phase runs,
     M gets its reward and done heads, the generations log CMA-ES's metrics and the dream's
     return, and the run writes V's reconstructions and M's dream beside the real frames.
     (The real-env evolution runs in the contract suite.)"""
@@ -349,7 +349,7 @@ def test_the_tiny_config_evolves_in_the_dream_end_to_end(tmp_path):
     from jaxwm import runner
     from jaxwm.config import load
 
-    config = load("configs/worldmodels.py:tiny", {
+    config = load("worldmodels:tiny", {
         "controller.train_in": "dream", "dream.temperature": 1.15, "log.progress": False,
         "eval.at_end": False})
     summary = runner.run(config, str(tmp_path))

@@ -1,4 +1,4 @@
-"""World Models learning check (``slow``): ``configs/worldmodels.py:carracing_cpu`` on
+"""World Models learning check (``slow``): ``worldmodels:carracing_cpu`` on
 CarRacing-v3 runs every phase, the CMA-ES population's mean return rises over the
 generations, and the evolved controller (the search distribution's mean, with V and M) ends
 at least 100 above a uniformly random policy on full episodes.
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_carracing_controller_rises_over_generations_and_beats_random_by_100(tmp_path):
-    config = load("configs/worldmodels.py:carracing_cpu", {"log.progress": False,
+    config = load("worldmodels:carracing_cpu", {"log.progress": False,
                                                            "checkpoint.every": "never"})
     summary = runner.run(config, str(tmp_path))
     rows = [json.loads(line) for line in open(os.path.join(tmp_path, "metrics.jsonl"))]

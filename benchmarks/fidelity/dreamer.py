@@ -65,7 +65,7 @@ class Settings:
 
 
 PRESETS = {
-    # configs/dreamer.py:cartpole's settings, which fit ~3k updates into a CPU budget.
+    # dreamer:cartpole's settings, which fit ~3k updates into a CPU budget.
     "cpu": Settings(),
     # The official defaults for a re-run on an accelerator (~1500 updates per 50k env steps
     # at these settings; the official warm-up alone is 1000).
@@ -86,7 +86,7 @@ def jaxwm_command(s: Settings, seed: int, logdir: str) -> list[str]:
         "dreamer.gamma": 1.0 - 1.0 / s.horizon, "dreamer.capacity": s.steps + 1000,
         "log.progress": False,
     }
-    return [sys.executable, "-m", "jaxwm.train", "--config=configs/dreamer.py:cartpole",
+    return [sys.executable, "-m", "jaxwm.train", "--config=dreamer:cartpole",
             f"--workdir={logdir}", *(f"--config.{k}={v}" for k, v in flags.items())]
 
 

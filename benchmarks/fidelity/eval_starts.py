@@ -88,7 +88,7 @@ def main(argv=None) -> None:
     p.add_argument("--evaluations", type=int, default=20)
     p.add_argument("--episodes", type=int, default=10, help="per evaluation (eval.num_episodes)")
     p.add_argument("--envs", type=int, default=5, help="the pool's envs (eval.num_envs; "
-                   "configs/mopo.py's 5)")
+                   "jaxwm/configs/mopo.py's 5)")
     p.add_argument("--final", type=int, default=5, help="evaluations in the final window")
     p.add_argument("--out", default=os.path.join(RESULTS, "eval_starts_pendulum"))
     args = p.parse_args(argv)

@@ -102,7 +102,7 @@ def jaxwm_side(rows: np.ndarray, obs_dim: int, overrides: list[str]):
             return text
 
     settings = {k: value(v) for k, v in (kv.split("=", 1) for kv in overrides)}
-    config = jaxwm.config.load(os.path.join(ROOT, "configs/mopo.py:pendulum_tiny"),
+    config = jaxwm.config.load("mopo:pendulum_tiny",
                                {"algo": "gormpo", "log.progress": False, **settings})
     spec, params, scaler, tau = fit_density(config, rows)
 

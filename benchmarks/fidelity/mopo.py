@@ -82,7 +82,7 @@ class Settings:
 
 
 PRESETS = {
-    # configs/mopo.py:pendulum_tiny's budget: one run in minutes on one core.
+    # mopo:pendulum_tiny's budget: one run in minutes on one core.
     "pendulum": Settings(),
     # hopper-medium at the kit's budget, for a re-run on an accelerator (make the dataset
     # with --env=Hopper-v4 --level=medium first).
@@ -109,7 +109,7 @@ def jaxwm_command(s: Settings, seed: int, logdir: str, extra: Sequence[str] = ()
     }
     if s.algo == "gormpo":
         flags.update({"algo": "gormpo", "penalty": "linear", "gormpo.score_next_state": True})
-    return [sys.executable, "-m", "jaxwm.train", "--config=configs/mopo.py:pendulum_tiny",
+    return [sys.executable, "-m", "jaxwm.train", "--config=mopo:pendulum_tiny",
             f"--workdir={logdir}", *(f"--config.{k}={v}" for k, v in flags.items()),
             *(f"--config.{kv}" for kv in extra)]
 

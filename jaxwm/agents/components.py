@@ -1,6 +1,6 @@
 """World models and agents as components a config names: ``config.components.world_model``
 and ``config.components.agent``, so that pairing a world model with another system's agent is
-a config (``configs/pairing.py``), not a new algorithm.
+a config (``jaxwm/configs/pairing.py``), not a new algorithm.
 
 World models (each on the protocol of ``models.protocol``; the first two trainable by the
 world-model-and-agent wiring, ``jaxwm.algos.dreamer``, the others by their own systems):
@@ -91,7 +91,7 @@ def check(config, spec) -> None:
         if block and block not in config:
             raise ConfigError(
                 f"components.{name}={c[name]!r} takes its settings from config.{block}, which "
-                "this config lacks; start from a configs/pairing.py variant (each has every "
+                "this config lacks; start from a jaxwm/configs/pairing.py variant (each has every "
                 "component's block).")
     if spec is None:  # the rest: with the env's spaces (validate_env)
         return

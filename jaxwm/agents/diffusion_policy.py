@@ -78,6 +78,33 @@ def config_block(**overrides) -> ml_collections.ConfigDict:
     return c
 
 
+# ``config_block``'s settings: ``{key: (valid range, description)}`` (``jaxwm.config``).
+FIELDS = {
+    "model": ("{unet, mlp}", "unet: Diffusion Policy (Chi et al. 2023); mlp: plain BC baseline."),
+    "horizon": ("> 0", "Actions per planned chunk (the reference's horizon)."),
+    "n_obs_steps": ("> 0", "Past observations each plan is conditioned on."),
+    "action_steps": ("> 0", "Actions of each plan executed before the next plan."),
+    "down_dims": ("> 0", "U-Net channels per level (multiples of groups)."),
+    "step_embed_dim": (">= 4", "Width of the diffusion-step embedding (even)."),
+    "kernel_size": ("> 0", "Kernel width of the U-Net's 1-D convolutions."),
+    "groups": ("> 0", "GroupNorm groups in the U-Net's blocks."),
+    "mlp_hidden": ("> 0", "model=mlp: widths of the MLP's hidden layers."),
+    "train_steps": ("> 0", "Diffusion steps of the noise schedule (squaredcos_cap_v2)."),
+    "sampler": ("{ddpm, ddim}", "Reverse process: DDPM (every step) or DDIM (fewer steps)."),
+    "inference_steps": ("> 0", "Denoising steps per plan (divides train_steps; DDPM: equal)."),
+    "eta": (">= 0", "DDIM's noise: 0 deterministic (the reference's), 1 as DDPM."),
+    "clip_sample": (None, "Clip the predicted clean chunk to the normalised [-1, 1]."),
+    "learning_rate": ("> 0", "AdamW's peak learning rate (warm-up, then cosine decay)."),
+    "betas": ("[0, 1)", "AdamW's (b1, b2)."),
+    "weight_decay": (">= 0", "AdamW's decoupled weight decay."),
+    "warmup_steps": ("> 0", "Updates of linear learning-rate warm-up."),
+    "ema_power": (">= 0", "EMA of the weights: decay 1 - (1 + k)^-power after k updates."),
+    "ema_max": ("[0, 1]", "Cap on the EMA's decay."),
+    "batch_size": ("> 0", "Windows of demonstrations per update."),
+    "updates_per_call": ("> 0", "Updates per update_agent call, in one jitted scan."),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Hyper:
     model: str

@@ -166,7 +166,7 @@ class DreamerAgent:
 
 
 def config_block(**overrides) -> ml_collections.ConfigDict:
-    """The ``config.dreamer`` block: the official ``configs.yaml`` defaults (configs/dreamer.py
+    """The ``config.dreamer`` block: the official ``configs.yaml`` defaults (jaxwm/configs/dreamer.py
     says where jaxwm differs)."""
     d = ml_collections.ConfigDict()
     d.model_size = "12m"
@@ -215,6 +215,51 @@ def config_block(**overrides) -> ml_collections.ConfigDict:
     d.report_context = 5
     d.update(overrides)
     return d
+
+
+def _choices(values) -> str:
+    return "{" + ", ".join(map(str, values)) + "}"
+
+
+# ``config.dreamer``'s settings: ``{key: (range, description)}`` (``jaxwm.config``'s field
+# rules; ``jaxwm/configs/dreamer.py`` composes them).
+FIELDS = {
+    "model_size": (_choices(rssm.SIZES), "DreamerV3's model size (official default 200m)."),
+    "size_overrides.*": ("> 0", "Overrides one of model_size's sizes (deter, hidden, classes, ...)."),
+    "batch_size": ("> 0", "Replayed sequences per update."),
+    "batch_length": ("> 1", "Steps per replayed sequence."),
+    "train_ratio": ("> 0", "Replayed steps trained on per env step (batch_size x batch_length)."),
+    "steps_per_collect": ("> 0", "Env steps of each env per collect call."),
+    "prefill": ("> 0", "Random-action steps per env before the first update."),
+    "capacity": ("> 0", "Replay capacity, transitions over all envs (official 5e6)."),
+    "learning_rate": ("> 0", "Learning rate of the one optimiser (world model and actor-critic)."),
+    "agc": (">= 0", "Adaptive gradient clipping: max grad/param norm ratio per tensor; 0: off."),
+    "warmup": (">= 0", "Updates of linear learning-rate warm-up; 0: none."),
+    "horizon": ("> 0", "Imagination steps of the actor-critic."),
+    "gamma": ("(0, 1]", "Discount of imagined returns (official 1 - 1/333)."),
+    "lambda_": ("[0, 1]", "lambda of the lambda-returns."),
+    "entropy": (">= 0", "Actor entropy bonus scale."),
+    "unimix": ("[0, 1]", "Uniform mix into the world model's latent categoricals."),
+    "actor_unimix": ("[0, 1)", "Uniform mix into the actor's categorical (official code: 0)."),
+    "twohot": (_choices(twohot.SPACES),
+               "Reward and critic two-hot bins: symexp (official code), symlog (paper)."),
+    "repval": (">= 0", "Scale of the critic's loss on replayed states (official 0.3); 0: off."),
+    "actor_grad_cont": ("{backprop, reinforce}",
+                        "Continuous actor's gradient: through the dynamics, or REINFORCE."),
+    "min_std": (">= 0", "Continuous actor's minimum std."),
+    "max_std": ("> 0", "Continuous actor's maximum std."),
+    "slow_rate": ("[0, 1]", "EMA rate of the slow critic per update."),
+    "slow_reg": (">= 0", "Scale of the critic's loss towards the slow critic."),
+    "return_rate": ("[0, 1]", "EMA rate of the 5th-95th return percentiles (advantage scale)."),
+    "return_limit": ("> 0", "Advantage scale's floor: max(limit, P95 - P5)."),
+    "num_bins": ("> 1", "Two-hot bins of the reward head and the critic."),
+    "compute_dtype": ("{float32, bfloat16}",
+                      "Networks' compute dtype (official: bfloat16 on accelerators)."),
+    "report_every": (">= 0", "Updates between open-loop prediction reports; 0: never."),
+    "report_batch": ("> 0", "Replayed sequences per report."),
+    "report_length": ("> 0", "Steps per report sequence (official 32)."),
+    "report_context": ("> 0", "Observed steps before the model predicts alone (paper: 5)."),
+}
 
 
 def config_checks(d, num_envs: int) -> list[tuple[bool, str]]:

@@ -180,6 +180,29 @@ def config_block(**overrides) -> ml_collections.ConfigDict:
     return p
 
 
+# ``config_block``'s settings: ``{key: (valid range, description)}`` (``jaxwm.config``).
+FIELDS = {
+    "num_steps": ("> 0", "Steps each env collects per rollout (one update per rollout)."),
+    "learning_rate": ("> 0", "Adam's learning rate (eps 1e-5; Huang et al. 2022)."),
+    "anneal_lr": (None, "Anneal the learning rate linearly to 0 (Huang et al. 2022)."),
+    "gamma": ("[0, 1]", "Discount factor of the returns (GAE, reward normalisation)."),
+    "gae_lambda": ("[0, 1]", "GAE's lambda: bias/variance trade-off of the advantages."),
+    "num_minibatches": ("> 0", "Minibatches each epoch splits the rollout into."),
+    "update_epochs": ("> 0", "Passes over each rollout per update."),
+    "clip_coef": (">= 0", "Clip range of the PPO ratio (Schulman et al. 2017), and of values."),
+    "clip_vloss": (None, "Clip the value loss around the rollout's values (CleanRL's)."),
+    "ent_coef": (">= 0", "Weight of the entropy bonus (Schulman et al. 2017, eq. 9)."),
+    "vf_coef": (">= 0", "Weight of the value loss (Schulman et al. 2017, eq. 9)."),
+    "max_grad_norm": ("> 0", "Gradients clipped to this global norm."),
+    "norm_adv": (None, "Normalise advantages per minibatch."),
+    "normalize_obs": (None, "Normalise observations by running mean and std (CleanRL's)."),
+    "normalize_reward": (None, "Divide rewards by the discounted return's std (CleanRL's)."),
+    "loop_form": ("{auto, scan, unroll}", "How the gradient steps loop (lax.scan); auto: scan."),
+    "async_collect": (None, "Collect the next rollout during the update (one-update lag)."),
+    "update_resets": (None, "Memory backbones: reset memory at episode starts in updates too."),
+}
+
+
 # ----------------------------------------------------------------------------- acting
 
 

@@ -216,6 +216,32 @@ def config_block(**overrides) -> ml_collections.ConfigDict:
     return s
 
 
+# ``config_block``'s settings: ``{key: (valid range, description)}`` (``jaxwm.config``).
+# The last four are online SAC's (jaxwm/algos/sac.py); MOPO / GORMPO leave them unused.
+FIELDS = {
+    "actor_hidden": ("> 0", "Widths of the actor's ReLU layers (Haarnoja et al. 2018)."),
+    "critic_hidden": ("> 0", "Widths of each Q-network's ReLU layers (two Q-networks)."),
+    "gamma": ("[0, 1]", "Discount factor of the soft Q targets."),
+    "tau": ("(0, 1]", "Polyak rate of the target Q-networks per update."),
+    "batch_size": ("> 0", "Transitions per update."),
+    "actor_lr": ("> 0", "Adam's learning rate of the actor."),
+    "critic_lr": ("> 0", "Adam's learning rate of the Q-networks."),
+    "alpha_lr": ("> 0", "Adam's learning rate of log alpha, the temperature."),
+    "auto_alpha": (None, "Tune the temperature toward the target entropy (Haarnoja et al. 2018)."),
+    "initial_alpha": ("> 0", "The temperature alpha at the start."),
+    "target_entropy": (None, "Entropy the tuned temperature aims for; None: -|A|."),
+    "log_std": ("{tanh, clip}",
+                "Actor's log-std kept in [-5, 2] by tanh (CleanRL) or clamp (OfflineRL-Kit)."),
+    "weight_init": ("{flax, torch}",
+                    "Initial weights: nn.Dense's, or torch.nn.Linear's (OfflineRL-Kit)."),
+    "max_alpha": ("> 0", "Cap on the temperature (OfflineRL-Kit's 1.0); None: no cap."),
+    "capacity": ("> 0", "Online SAC: transitions the replay holds."),
+    "learning_starts": ("> 0", "Online SAC: env steps of random actions before learning."),
+    "steps_per_collect": ("> 0", "Online SAC: steps each env takes per collect."),
+    "updates_per_step": (">= 0", "Online SAC: updates per env step (at least one per collect)."),
+}
+
+
 def config_checks(s) -> list[tuple[bool, str]]:
     """(holds, message) for the ``config.sac`` block's own settings, for ``config.require``
     (every algorithm that takes the block: online SAC, MOPO / GORMPO)."""

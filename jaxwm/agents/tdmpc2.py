@@ -96,6 +96,40 @@ def config_block(**overrides) -> ml_collections.ConfigDict:
     return c
 
 
+# ``config.tdmpc2``'s settings: ``{key: (range, description)}`` (``jaxwm.config``'s field
+# rules; ``jaxwm/configs/tdmpc2.py`` composes them).
+FIELDS = {
+    "model_size": ("{" + ", ".join(map(str, wm.SIZES)) + "}",
+                   "Model size, millions of parameters (the paper's table 8)."),
+    "batch_size": ("> 0", "Replayed windows of horizon + 1 steps per update."),
+    "horizon": ("> 0", "Steps of the latent rollout in training and of MPPI's plans."),
+    "lr": ("> 0", "Adam learning rate of the model and the policy prior."),
+    "enc_lr_scale": (">= 0", "The encoder's learning rate as a fraction of lr."),
+    "grad_clip_norm": ("> 0", "Global gradient norm clip."),
+    "tau": ("(0, 1]", "Polyak rate of the target Q heads per update."),
+    "rho": ("(0, 1]", "Per-step decay of the rollout's loss weights (rho^t)."),
+    "consistency_coef": (">= 0", "Weight of the latent consistency loss."),
+    "reward_coef": (">= 0", "Weight of the reward loss."),
+    "value_coef": (">= 0", "Weight of the Q-value loss."),
+    "termination_coef": (">= 0", "Weight of the termination loss (episodic tasks)."),
+    "entropy_coef": (">= 0", "Entropy bonus of the policy prior."),
+    "discount": ("[0, 1)", "Discount; 0: from the episode length, clip(1 - 5/L, 0.95, 0.995)."),
+    "episodic": (None, "A termination head, TD targets cut at terminations (tasks that end)."),
+    "iterations": ("> 0", "MPPI rounds per step (+2 where the action has >= 20 dims)."),
+    "num_samples": ("> 0", "MPPI candidate action sequences per round."),
+    "num_elites": ("> 0", "MPPI elites refitting the sampling distribution."),
+    "num_pi_trajs": ("> 0", "Candidates that are rollouts of the policy prior."),
+    "temperature": (">= 0", "MPPI's elite weights: softmax(temperature * value)."),
+    "min_std": (">= 0", "MPPI's minimum sampling std (actions in [-1, 1])."),
+    "max_std": ("> 0", "MPPI's maximum and initial sampling std."),
+    "envs_per_batch": (">= 0", "Envs planned at once, the rest in turn; 0: 1 on CPU, all on GPU."),
+    "seed_steps": ("> 0", "Random env steps first, then as many pretraining updates."),
+    "capacity": ("> 0", "Replay capacity, transitions over all envs."),
+    "steps_per_collect": ("> 0", "Env steps of each env per collect call."),
+    "updates_per_step": ("> 0", "Updates per env step once training."),
+}
+
+
 def discount(episode_length: int) -> float:
     """The reference's heuristic: ``(L/5 - 1) / (L/5)`` clipped to [0.95, 0.995]."""
     frac = episode_length / 5

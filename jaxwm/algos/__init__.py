@@ -105,8 +105,8 @@ class Entry:
     build: Callable
     validate: Callable
     hook_counts: Callable[[object], Mapping[str, Mapping[str, int]]]
-    tiny: str  # the config the contract suite runs, "configs/<file>.py:<variant>"
-    tiny_more: tuple[str, ...] = ()  # more it runs (each pairing of configs/pairing.py)
+    tiny: str  # the config the contract suite runs, "<config>:<variant>" (jaxwm/configs/)
+    tiny_more: tuple[str, ...] = ()  # more it runs (each pairing of pairing:*)
     capabilities: Capabilities = Capabilities()
     validate_env: Callable = _no_env_checks
     phase_hooks: Callable[[object], Mapping[str, tuple[str, ...]]] = _no_derived_hooks

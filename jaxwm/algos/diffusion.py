@@ -64,7 +64,7 @@ def schedule_steps(config) -> int:
 
 def build(config) -> Algorithm:
     c = config.diffusion
-    dataset, spec = load_configured(config)
+    dataset, spec = load_configured(config, batches=("diffusion.batch_size",))
     hyper = dp.Hyper.from_config(c, dataset.obs_dim, dataset.action_dim, schedule_steps(config))
     obs, action = (np.asarray(dataset.transitions[k], np.float32) for k in ("obs", "action"))
     windows = sequence_windows(dataset.episode_starts(), len(dataset), c.horizon,
@@ -109,6 +109,6 @@ def build(config) -> Algorithm:
 
 
 ENTRY = Entry(name="diffusion", build=build, validate=validate, hook_counts=hook_counts,
-              tiny="configs/diffusion.py:tiny",
+              tiny="diffusion:tiny",
               capabilities=continuous_control("diffusion.batch_size"),
               resumable=("diffusion.learning_rate",), offline=True)

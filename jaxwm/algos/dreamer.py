@@ -1,5 +1,5 @@
 """DreamerV3 on the phase loop (Hafner et al. 2023, arXiv 2301.04104), and any pairing of a
-world model with an agent that learns, plans or evolves in it (``configs/pairing.py``): the
+world model with an agent that learns, plans or evolves in it (``jaxwm/configs/pairing.py``): the
 wiring of the components a config names (``config.components``, ``agents.components``;
 DreamerV3's are the RSSM and the imagination actor-critic) to envs, a replay and the loop.
 
@@ -171,6 +171,8 @@ def build(config) -> Algorithm:
     return Algorithm(name="DreamerV3" if config.algo == "dreamer" else
                      "{world_model} + {agent}".format(**config.components), init=init,
                      hooks=hooks, policy=policy, policy_params=policy_params,
+                     world_model=agent.world_model,
+                     world_model_params=lambda state: state.learner.params["model"],
                      phase_hooks=phase_hooks(config), close=actor.close)
 
 
@@ -235,13 +237,13 @@ def evolve_hook(config, agent, search: Search, compiler) -> Hook:
 
 ENTRY = Entry(
     name="dreamer", build=build, validate=validate, hook_counts=hook_counts,
-    validate_env=validate_env, phase_hooks=phase_hooks, tiny="configs/dreamer.py:tiny",
+    validate_env=validate_env, phase_hooks=phase_hooks, tiny="dreamer:tiny",
     capabilities=Capabilities(
         device_batches=lambda c: {"dreamer.batch_size": c.dreamer.batch_size}),
     resumable=("dreamer.learning_rate", "dreamer.agc"),
     zero_means={"dreamer.report_every": "never", "dreamer.warmup": "no warm-up"})
-# The pairings of configs/pairing.py: the same wiring, other components.
+# The pairings of pairing: the same wiring, other components.
 PAIRING = dataclasses.replace(
-    ENTRY, name="pairing", tiny="configs/pairing.py:tiny_rssm_mppi",
-    tiny_more=("configs/pairing.py:tiny_tdmpc2_imagination", "configs/pairing.py:tiny_rssm_cmaes"),
+    ENTRY, name="pairing", tiny="pairing:tiny_rssm_mppi",
+    tiny_more=("pairing:tiny_tdmpc2_imagination", "pairing:tiny_rssm_cmaes"),
     zero_means={**ENTRY.zero_means, "mppi.envs_per_batch": "every env at once"})

@@ -37,6 +37,7 @@ from jaxwm.config import require
 from jaxwm.data.replay import TransitionReplay
 from jaxwm.envs import acting
 from jaxwm.envs.stats import episode_metrics
+from jaxwm.envs.types import ActionBox
 from jaxwm.loop.algorithm import Algorithm, Hook
 from jaxwm.loop.compile import HookCompiler
 from jaxwm.models import dynamics
@@ -142,12 +143,14 @@ def build(config) -> Algorithm:
         },
         policy=policy,
         policy_params=lambda state: (state.model, state.prior),
+        world_model=dynamics.DynamicsModel(model, action_dim, ActionBox.of(env.spec).to_env),
+        world_model_params=lambda state: state.model,
         close=actor.close,
     )
 
 
 ENTRY = Entry(name="mbrs", build=build, validate=validate, hook_counts=hook_counts,
-              tiny="configs/mbrs.py:tiny",
+              tiny="mbrs:tiny",
               # The planner samples in the action box and its model predicts vector states.
               capabilities=continuous_control("mbrs.batch_size"),
               resumable=("mbrs.learning_rate",))

@@ -76,7 +76,7 @@ def validate(config) -> None:
     m, shape = config.mopo, penalty_shape(config)
     valid = realnvp.PENALTY_SHAPES if fits_density(config) else (UNCERTAINTY,)
     checks = [
-        (config.algo in ALGOS, f"algo must be one of {ALGOS} for configs/mopo.py."),
+        (config.algo in ALGOS, f"algo must be one of {ALGOS} for jaxwm/configs/mopo.py."),
         (shape in valid,
          f"Unknown penalty {shape!r} for {config.algo}; valid: {list(valid)}"
          + (" (the density shapes are GORMPO's: set --config.algo=gormpo)."
@@ -141,9 +141,20 @@ def offline_data(config, dataset, mesh):
     return artifacts, data, scaler, Normalizer.fit(jnp.asarray(rows[train]))
 
 
+def predicates(m, d_spec, gormpo: bool) -> dict:
+    """The phases' early ends: every ensemble member stopped improving (and, for GORMPO, the
+    density model)."""
+    ends = {"model_converged": lambda state: jnp.all(
+        state.model.patience.exhausted(m.model_patience))}
+    if gormpo:
+        ends["density_converged"] = lambda state: jnp.all(
+            state.density.patience.exhausted(d_spec.patience))
+    return ends
+
+
 def build(config) -> Algorithm:
     m, s, g = config.mopo, config.sac, config.gormpo
-    dataset, spec = load_configured(config)
+    dataset, spec = load_configured(config, batches=("sac.batch_size", "mopo.model_batch"))
     box = sac.ActionBox(np.asarray(spec.action_low), np.asarray(spec.action_high))
     obs_dim, action_dim = dataset.obs_dim, dataset.action_dim
     model_spec = mopo.ensemble_spec(config, obs_dim, action_dim)
@@ -213,17 +224,14 @@ def build(config) -> Algorithm:
              for name, fn in (("fit_density", fit_density), ("update_model", update_model),
                               ("imagine", imagine), ("update_agent", update_agent))
              if name in counts}
-    predicates = {"model_converged": lambda state: jnp.all(
-        state.model.patience.exhausted(m.model_patience))}
-    if gormpo:
-        predicates["density_converged"] = lambda state: jnp.all(
-            state.density.patience.exhausted(d_spec.patience))
     return Algorithm(name=config.algo.upper(), init=init, hooks=hooks, data=data,
-                     artifacts=artifacts, predicates=predicates, policy=policy,
-                     phase_hooks=phase_hooks(config), score_reference=dataset.reference_returns)
+                     artifacts=artifacts, predicates=predicates(m, d_spec, gormpo), policy=policy,
+                     phase_hooks=phase_hooks(config), score_reference=dataset.reference_returns,
+                     world_model=ensemble.EnsembleModel(model_spec, terminated_fn, box.to_env),
+                     world_model_params=lambda state: state.model)
 
 
-# The configs of both hold GORMPO's block (``configs/mopo.py``); MOPO leaves it unused.
+# The configs of both hold GORMPO's block (``jaxwm/configs/mopo.py``); MOPO leaves it unused.
 _SHARED = dict(
     build=build, validate=validate, hook_counts=hook_counts, phase_hooks=phase_hooks,
     offline=True,
@@ -233,5 +241,5 @@ _SHARED = dict(
                                    "rest, and scores every rollout of the run; another rate "
                                    "would fit another density (start a new run)"},
     zero_means={"gormpo.density_seed": "a seed"})
-MOPO = Entry(name="mopo", tiny="configs/mopo.py:tiny", **_SHARED)
-GORMPO = Entry(name="gormpo", tiny="configs/mopo.py:tiny_gormpo", **_SHARED)
+MOPO = Entry(name="mopo", tiny="mopo:tiny", **_SHARED)
+GORMPO = Entry(name="gormpo", tiny="mopo:tiny_gormpo", **_SHARED)

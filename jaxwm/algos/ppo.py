@@ -127,7 +127,7 @@ def validate(config) -> None:
             "An annealed run cannot be extended past its schedule: start a new run with the "
             "longer total_env_steps (or use ppo.anneal_lr=False for runs you mean to extend).")
     if sequences % p.num_minibatches:
-        hint = " (MuJoCo with a memory backbone: configs/ppo.py:mujoco_memory)" \
+        hint = " (MuJoCo with a memory backbone: ppo:mujoco_memory)" \
             if recurrent and num_envs == 1 else ""
         raise ConfigError(f"ppo.num_minibatches={p.num_minibatches} must divide {what} = "
                           f"{sequences}{hint}.")
@@ -238,7 +238,7 @@ def build(config) -> Algorithm:
 
 ENTRY = Entry(
     name="ppo", build=build, validate=validate, hook_counts=hook_counts,
-    validate_env=validate_env, tiny="configs/ppo.py:tiny",
+    validate_env=validate_env, tiny="ppo:tiny",
     # Every capability: seeds, several processes, envpool's asynchronous pools.
     capabilities=Capabilities(device_batches=device_batches, cannot={}),
     resumable=("ppo.learning_rate", "ppo.max_grad_norm"),

@@ -138,7 +138,7 @@ def validate(config) -> None:
     expected = phase_names(s.epochs)
     if tuple(config.phase_order) != expected:
         raise ConfigError(f"phase_order {tuple(config.phase_order)} must be {expected} for "
-                          f"simple.epochs={s.epochs} (configs/simple.py builds both).")
+                          f"simple.epochs={s.epochs} (jaxwm/configs/simple.py builds both).")
 
 
 def validate_env(config, spec) -> None:
@@ -232,12 +232,13 @@ def build(config) -> Algorithm:
                    ("report_model", report_model), ("update_model", update_model),
                    ("update_reward", update_reward), ("update_agent", update_agent))}},
         policy=agent.policy, policy_params=lambda state: state.agent,
+        world_model=agent.simulator, world_model_params=lambda state: state.model.params,
         phase_hooks=phase_hooks(config), close=actor.close)
 
 
 ENTRY = Entry(
     name="simple", build=build, validate=validate, hook_counts=hook_counts,
-    validate_env=validate_env, phase_hooks=phase_hooks, tiny="configs/simple.py:tiny",
+    validate_env=validate_env, phase_hooks=phase_hooks, tiny="simple:tiny",
     # Seeds: each keeps its own replay of every frame (2.6 GB at full size), so several fit
     # on a large host or accelerator; the tiny config runs them anywhere.
     capabilities=Capabilities(actions=("discrete",), observations=("pixels",),

@@ -14,7 +14,7 @@ sequence replay and the loop.
   jitted scan, each on ``batch_size`` windows of ``horizon + 1`` steps (losses past an
   episode's end masked, ``agents.tdmpc2``).
 
-Phases (``configs/tdmpc2.py``): ``seed`` collects ``seed_steps`` random env steps
+Phases (``jaxwm/configs/tdmpc2.py``): ``seed`` collects ``seed_steps`` random env steps
 (max(1000, 5 x episode length)), ``pretrain`` runs as many updates, ``train`` alternates
 collect and update_model (one update per env step by default). DMC runs with action repeat 2
 (``env.frame_skip``; episodes of 500 agent steps, returns up to 1000).
@@ -133,11 +133,12 @@ def build(config) -> Algorithm:
         name="TD-MPC2", init=init,
         hooks={"collect": Hook(actor.replay_hook(), counts=counts["collect"]),
                "update_model": compiler.hook(update_model, counts=counts["update_model"])},
-        policy=policy, close=actor.close)
+        policy=policy, world_model=agent.latent,
+        world_model_params=lambda state: state.learner.params, close=actor.close)
 
 
 ENTRY = Entry(name="tdmpc2", build=build, validate=validate, hook_counts=hook_counts,
-              validate_env=validate_env, tiny="configs/tdmpc2.py:tiny",
+              validate_env=validate_env, tiny="tdmpc2:tiny",
               capabilities=continuous_control("tdmpc2.batch_size"),
               resumable=("tdmpc2.lr", "tdmpc2.grad_clip_norm"),
               zero_means={"tdmpc2.envs_per_batch": "1 on a CPU, every env on a GPU"})

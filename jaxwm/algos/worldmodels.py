@@ -2,7 +2,7 @@
 NeurIPS; hardmaru/WorldModelsExperiments ``carracing/``), RL Lab's workflow: V learns to see,
 M to remember and predict, C is evolved.
 
-Phases (``configs/worldmodels.py``), each with its own counter, and the hook of each (the
+Phases (``jaxwm/configs/worldmodels.py``), each with its own counter, and the hook of each (the
 learning they run is described in ``agents.worldmodels``):
 
 1. ``collect`` (``env_steps``): random rollouts of the pixel env (uniform actions, the
@@ -26,10 +26,8 @@ real env, the controller at the mean of the search distribution, with V and M
 (``eval.num_episodes``: 100 for ``carracing``, as the paper). Exact resume holds in every
 phase: the learners and the evolution state are in the checkpoint, the artifacts are cut
 back to it, and a generation after a resume sees the episodes an uninterrupted run's does
-(``acting.NumberedResets``).
-
-Not supported: several seeds in one process (the artifacts hold one run's data) and
-asynchronous pools.
+(``acting.NumberedResets``). Several seeds in one process and asynchronous pools are
+refused (``ENTRY``'s capabilities say why).
 """
 
 from __future__ import annotations
@@ -195,7 +193,8 @@ def build(config) -> Algorithm:
                                         reads=("latents",)),
             "evolve": Hook(evolve_hook, counts=counts["evolve"], reads=("latents",)),
         },
-        policy=agent.policy(),
+        policy=agent.policy(), world_model=agent.model(), world_model_params=lambda state: {
+            "vae": state.vae.params, "rnn": state.rnn.params},
         policy_params=lambda state: {"vae": state.vae.params, "rnn": state.rnn.params,
                                      "controller": evolution.mean(state.evolution)},
         artifacts=artifacts, close=close)
@@ -237,7 +236,8 @@ def evolution_hook(config, agent: Agent, evolution: cma_es.Evolution, compiler):
 
 ENTRY = Entry(
     name="worldmodels", build=build, validate=validate, hook_counts=hook_counts,
-    validate_env=validate_env, tiny="configs/worldmodels.py:tiny",
+    validate_env=validate_env, tiny="worldmodels:tiny",
+    zero_means={"worldmodels.crop_rows": "every row", "worldmodels.video_every": "no videos"},
     capabilities=Capabilities(
         actions=("continuous",), observations=("pixels",),
         device_batches=lambda c: {"worldmodels.vae_batch": c.worldmodels.vae_batch,

@@ -295,11 +295,13 @@ def window_rows(windows, length: int):
     return xp.clip(steps, windows[..., 1:2], windows[..., 2:3] - 1)
 
 
-def load_configured(config):
+def load_configured(config, batches: tuple[str, ...] = ()):
     """``(dataset, env spec)`` for an offline run: ``config.dataset`` (made beforehand by
     ``jaxwm.runner`` where the config says how to make a missing one: ``dataset_make``), checked
     against ``config.env``'s spaces (the env is made only to read them: offline, nothing is
-    stepped). Problems are ``ConfigError``s that say how to fix them."""
+    stepped) and against the dotted settings ``batches``, batches drawn from its transitions,
+    none of which may be larger than the dataset. Problems are ``ConfigError``s that say how
+    to fix them."""
     from jaxwm.config import ConfigError
     from jaxwm.envs import probe_spec
 
@@ -316,5 +318,12 @@ def load_configured(config):
         dataset.check_matches(spec.obs_shape, spec.action_shape, config.env.id)
     except DatasetError as e:
         raise ConfigError(str(e)) from e
+    for dotted in batches:
+        node = config
+        for part in dotted.split("."):
+            node = node[part]
+        if node > len(dataset):
+            raise ConfigError(f"{dotted}={node} is larger than the dataset ({len(dataset):,} "
+                              f"transitions in {path}): lower it, or use a larger dataset.")
     return dataset, spec
 

@@ -1,22 +1,23 @@
 """DeepMind Control from pixels: dm_control's suite, rendered by MuJoCo, behind ``HostEnv``.
 
-envpool steps DMC tasks (``dmc_proprio``) but cannot render them here, so the pixel tasks of
-DreamerV3's ``dmc_vision`` (Hafner et al. 2023) come from dm_control (Tassa et al. 2018) on
-the host: ``env.id`` is envpool's name (``WalkerWalk-v1``, ``CheetahRun-v1``,
-``BallInCupCatch-v1``) and ``env.pixels=True`` asks for images. As the official
+envpool steps DMC tasks (``dmc_proprio``) and renders them only for evaluation videos
+(``jaxwm.envs.mujoco_video``, through EGL), so the pixel tasks of DreamerV3's ``dmc_vision``
+(Hafner et al. 2023) come from dm_control (Tassa et al. 2018) on the host: ``env.id`` is
+envpool's name (``WalkerWalk-v1``, ``CheetahRun-v1``, ``BallInCupCatch-v1``) and
+``env.pixels=True`` asks for images. As the official
 implementation (``embodied/envs/dmc.py`` and ``configs.yaml``, ``env.dmc``): only the image is
 observed (no proprioception), 64x64 RGB from camera 0 (quadruped: 2), no action repeat by
 default, episodes of the task's own limit (1000 steps for most). Observations are uint8
 ``(3, H, W)``, channels first like Atari's; actions are the task's box (mostly [-1, 1]).
 
-Config keys (``configs/dreamer.py:dmc_vision`` sets them): ``img_height``/``img_width``
+Config keys (``dreamer:dmc_vision`` sets them): ``img_height``/``img_width``
 (64), ``camera`` (-1: the default above), ``frame_skip`` (action repeat, rewards summed; 1),
 ``max_episode_steps`` (0: the task's limit divided by the repeat). dm_control's episodes never
 terminate, so every episode ends ``truncated`` (discount 1), as in envpool's DMC.
 
 Why dm_control: it is DeepMind's own suite, the same MJCF tasks as envpool's, and it renders
-through MuJoCo's OpenGL contexts; nothing else on PyPI renders these tasks. It is optional
-(``pip install -e '.[dmc]'``). Its 1.0.50 release breaks on MuJoCo 4.0's model struct
+through MuJoCo's OpenGL contexts, EGL or OSMesa (envpool's renderer takes EGL only). It is
+optional (``pip install -e '.[dmc]'``). Its 1.0.50 release breaks on MuJoCo 4.0's model struct
 (``'MjModel' object has no attribute 'flex_vertedge'``), so the extra pins ``mujoco<4``.
 The OpenGL backend is ``MUJOCO_GL``: ``egl`` (set when unset, as the official code does; on
 a GPU machine the driver's EGL, on a CPU one Mesa's ``libegl1`` with ``libgl1-mesa-dri``,

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxwm.config import ConfigError
-from jaxwm.envs import dmc_pixels, host
+from jaxwm.envs import dmc_pixels, host, mujoco_video
 from jaxwm.envs.families import (
     UnknownEnvError,
     dummy_obs,
@@ -63,10 +63,6 @@ from jaxwm.envs.types import EnvSpec, StepResult
 # envpool builds float64 gymnasium Boxes that gymnasium narrows to float32, warning once per
 # env; the narrowing is what we want (observations are float32), so the warning is noise.
 warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32.*")
-
-# MuJoCo rendering in envpool needs an OpenGL context that it does not create on Linux; calling
-# it without one aborts the process, so these families refuse to render instead.
-_NO_RENDER_FAMILIES = ("mujoco", "dmc")
 
 
 def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
@@ -82,7 +78,9 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
     ``render``: build envpool's renderer, for an env that records video (evaluation). Off
     for training envs: envpool's ``render_mode="rgb_array"`` keeps a full-size RGB frame per
     env and step, about 25% of raw Atari throughput on 2 cores (``benchmarks/ppo_throughput.py``,
-    the env-path audit rows).
+    the env-path audit rows). MuJoCo and DMC envs render through EGL
+    (``jaxwm.envs.mujoco_video``), checked here by one rendered frame: a ``ConfigError`` line
+    saying what to install where that fails.
 
     Ids of ``jaxwm.envs.host.HOST_ENVS`` (``"crafter"``) are Python packages' envs stepped on
     the host behind the same interface (``HostEnv``), and so are DMC tasks with
@@ -176,20 +174,25 @@ class EnvPoolEnv:
                  masked: tuple[int, ...] = (), *, render: bool = False,
                  batch_size: int | None = None) -> None:
         self._family = family
-        self._render = render and family not in _NO_RENDER_FAMILIES
+        self._render = render
         self.batch_size = batch_size or num_envs
         kwargs = dict(kwargs)
         self._repeat = int(kwargs.pop("action_repeat", 1))
         if self._repeat > 1 and self.batch_size < num_envs:
             raise ConfigError(f"{env_id}: an action repeat (env.frame_skip={self._repeat}) "
                               "needs a synchronous pool; set env.batch_size=0.")
+        if render and family in mujoco_video.FAMILIES:
+            # Never render before this check: without EGL envpool's MuJoCo ends the process.
+            kwargs.update(mujoco_video.render_kwargs(family, env_id))
+            mujoco_video.check(env_id, {k: v for k, v in kwargs.items() if k != "num_threads"})
+        elif render:
+            kwargs["render_mode"] = "rgb_array"
         self._env = envpool.make(
             env_id,
             env_type="gymnasium",
             num_envs=num_envs,
             batch_size=self.batch_size,
             seed=seed,
-            render_mode="rgb_array" if self._render else None,
             **kwargs,
         )
         obs_space, act_space = self._env.observation_space, self._env.action_space
@@ -310,17 +313,13 @@ class EnvPoolEnv:
 
     @property
     def can_render(self) -> bool:
-        """Whether this env's family can render here (it renders only if built with
-        ``render=True``)."""
-        return self._family not in _NO_RENDER_FAMILIES
+        """Whether this env's family can render (it renders only if built with
+        ``render=True``; MuJoCo and DMC envs where EGL works, which building checks)."""
+        return True
 
     def render(self) -> np.ndarray:
-        """RGB frame (uint8 ``H x W x 3``) of env 0 from envpool's renderer, for videos."""
-        if self._family in _NO_RENDER_FAMILIES:
-            raise RuntimeError(
-                f"render() is unavailable for {self._family} envs: envpool 1.2.5 needs an OpenGL "
-                "context for MuJoCo rendering that it does not create on Linux."
-            )
+        """RGB frame (uint8 ``H x W x 3``) of env 0 from envpool's renderer, for videos
+        (MuJoCo and DMC: ``mujoco_video.FRAME_SIZE``, through EGL)."""
         if not self._render:
             raise RuntimeError("This env was built without a renderer (training envs never "
                                "render): build it with make_env(..., render=True).")

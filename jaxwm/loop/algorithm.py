@@ -32,6 +32,10 @@ An algorithm is a frozen bundle of functions. The loop knows nothing else about 
   ``config.num_seeds`` N > 1 the state holds N independent agents (``loop.seeds``) and the
   evaluator groups the policy (``acting.grouped``). ``score_reference``
   (min, max) returns, where known, make the evaluator report D4RL's normalised score.
+* ``world_model`` and ``world_model_params(state)``: for a model-based algorithm, its learned
+  model (``models.protocol.WorldModel``) and that model's parameters in a state, so that a
+  trained run can imagine (``jaxwm.load(...).world_model.imagine``); ``None`` for model-free
+  algorithms.
 * ``persistent(state)``: the part of the state a checkpoint holds. The default drops every
   ``acting.ActorState`` in it (per-env observations, policy carries, episode statistics):
   envpool's C++ env state cannot be saved, so envs restart their episodes on resume.
@@ -116,6 +120,8 @@ class Algorithm:
     policy: Policy | None = None
     policy_params: Callable[[Any], Any] = lambda state: state.learner
     score_reference: tuple[float, float] | None = None
+    world_model: Any = None  # a models.protocol.WorldModel
+    world_model_params: Callable[[Any], Any] = lambda state: None
     data: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     artifacts: Mapping[str, Artifact] = dataclasses.field(default_factory=dict)
     predicates: Mapping[str, Callable[[Any], Any]] = dataclasses.field(default_factory=dict)

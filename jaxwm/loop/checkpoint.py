@@ -278,7 +278,7 @@ def saved_steps(workdir: str) -> list[int]:
 
 
 class Checkpointer:
-    def __init__(self, workdir: str, keep: int, primary: bool = True):
+    def __init__(self, workdir: str, keep: int, primary: bool = True, read_only: bool = False):
         self.workdir = workdir
         self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
         self.quarantine = os.path.abspath(os.path.join(workdir, "unreadable_checkpoints"))
@@ -287,10 +287,12 @@ class Checkpointer:
         self._keep = keep
         self._primary = primary  # several processes: the first writes the manifests
         self._unsealed = []  # steps this run saved that have no manifest yet
+        self._read_only = read_only  # jaxwm.load: restores, never saves, creates or deletes
         self._manager = self._open()
 
     def _open(self) -> ocp.CheckpointManager:
-        options = ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=True)
+        options = ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=not self._read_only,
+                                               read_only=self._read_only)
         handlers = {"algo": ocp.StandardCheckpointHandler(), "loop": ocp.JsonCheckpointHandler()}
         return ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
@@ -304,6 +306,7 @@ class Checkpointer:
         ``RESUMABLE_KEYS`` and the algorithm's resumable ``settings``."""
         latest = self.latest_step()
         if latest is not None and not resume:
+            self._refuse_another_algorithm(self._saved_algo(), config)
             raise IncompatibleCheckpointError(
                 f"{self.directory} already holds checkpoints (latest step {latest}). "
                 "Pass --config.resume=True to continue that run, or choose another --workdir; "
@@ -331,6 +334,7 @@ class Checkpointer:
                 f"Cannot read {self.config_path} ({_first_line(e)}), so this config cannot be "
                 "compared with the run's; remove the file to resume without the comparison, "
                 "or start a new run in another --workdir; nothing was changed.") from None
+        self._refuse_another_algorithm(saved.get("algo"), config)
         current = config_to_json_dict(config)
         diffs = config_differences(saved, current, linked_keys(config), settings)
         if diffs:
@@ -347,6 +351,26 @@ class Checkpointer:
                 if resumable(key, settings) and key != "resume"
                 and json.dumps(saved_flat.get(key), default=str)
                 != json.dumps(current_flat.get(key), default=str)}
+
+    def _saved_algo(self) -> str | None:
+        """The algorithm of the run saved here, or None where ``config.json`` cannot say (the
+        resume path reports an unreadable one)."""
+        try:
+            with open(self.config_path) as f:
+                return json.load(f).get("algo")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def _refuse_another_algorithm(self, saved_algo, config) -> None:
+        """One line when the saved run is another algorithm's: their configs differ in nearly
+        every key, and listing them all would bury the one difference that matters."""
+        algo = config.get("algo")
+        if saved_algo is None or saved_algo == algo:
+            return
+        raise IncompatibleCheckpointError(
+            f"{self.workdir} holds a {saved_algo} run; this config is {algo}'s. Pick another "
+            f"--workdir for it, or continue that run with a {saved_algo} config and "
+            "--config.resume=True; nothing was changed.")
 
     def write_config(self, config, changed: dict | None = None, at: dict | None = None) -> None:
         """Writes ``config.json`` atomically (a crash mid-write leaves the old one), and

@@ -26,8 +26,14 @@ D4RL's normalised score is reported beside the return: ``eval/normalized_score``
 over episodes. For the 26 Atari 100k games, whatever the algorithm, the human-normalised
 score (``jaxwm.scores``) is: ``eval/human_normalized_score``.
 
-A video records env 0's first episode and is returned as a ``metrics.Video``, which the
-loop writes as a GIF (Pillow ships with matplotlib's dependencies, so no ffmpeg is needed).
+A video records env 0's first episode, a frame before each step and the episode's last one,
+and is returned as a ``metrics.Video``, which the loop writes as a GIF (Pillow ships with
+matplotlib's dependencies, so no ffmpeg is needed) and as an MP4 beside it where an encoder is
+installed (``pip install -e '.[video]'``). envpool's envs give envpool's rendered frames,
+MuJoCo and DMC through EGL (``jaxwm.envs.mujoco_video``: the evaluated episode itself, drawn
+from env 0's own state; building the pool checks that EGL works here, and otherwise stops
+before training with one ``ConfigError`` line saying what to install); host envs (Crafter,
+DMC from pixels) give their observed frames.
 """
 
 from __future__ import annotations
@@ -75,8 +81,8 @@ class Evaluator:
                              f"{len(self.quotas)} are needed for the quotas {self.quotas}.")
         if self.config.video and not self.env.can_render:
             self.env.close()
-            raise ConfigError(f"eval.video is not available for {config.env.id}: envpool cannot "
-                              "render MuJoCo/DMC envs here. Set --config.eval.video=False.")
+            raise ConfigError(f"eval.video is not available for {config.env.id}: its env cannot "
+                              "render. Set --config.eval.video=False.")
         self.action_noise = float(self.config.action_noise)
         self.obs_noise = float(self.config.obs_noise)
         if self.action_noise and self.env.spec.action_low is None:
@@ -125,7 +131,8 @@ class Evaluator:
                 if len(returns[i]) < quotas[i]:
                     returns[i].append(float(completed["return"][i]))
                     lengths[i].append(float(completed["length"][i]))
-                if i == 0:
+                if i == 0 and recording:
+                    frames.append(env.render())  # the episode's last state (reset next step)
                     recording = False
             if not recording and all(len(r) >= q for r, q in zip(returns, quotas, strict=True)):
                 break

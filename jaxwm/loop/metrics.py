@@ -6,7 +6,9 @@ of:
 
 * a scalar (or an array of scalars): averaged over the log window, NaN-aware;
 * ``Video(frames)``: the window's last one is written as an animated GIF to
-  ``videos/<name>_<step>.gif`` and to TensorBoard's image tab (animated);
+  ``videos/<name>_<step>.gif`` and to TensorBoard's image tab (animated), and as an H.264
+  MP4 beside the GIF (``videos/<name>_<step>.mp4``) where ``imageio-ffmpeg`` is installed
+  (``pip install -e '.[video]'``), else only the GIF;
 * ``Image(pixels)``: the window's last one, to ``images/<name>_<step>.png`` and TensorBoard;
 * ``Histogram(values)``: the window's values pooled into one TensorBoard histogram.
 
@@ -24,6 +26,7 @@ import io
 import json
 import math
 import os
+import warnings
 from collections import defaultdict
 
 import jax
@@ -137,6 +140,46 @@ def gif_bytes(frames, fps: int) -> bytes:
     return buffer.getvalue()
 
 
+def mp4_encoder() -> bool:
+    """Whether an MP4 encoder is installed here: ``imageio-ffmpeg`` (the ``video`` extra,
+    which brings its own ffmpeg build)."""
+    try:
+        import imageio_ffmpeg  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def write_mp4(path: str, frames, fps: int) -> bool:
+    """Writes ``frames`` ([T, H, W, C], C in (1, 3), uint8 or float in [0, 1]) to ``path`` as
+    an H.264 MP4 in yuv420p (what browsers play; an odd height or width is padded by one
+    edge pixel) if an encoder is installed (``mp4_encoder``); returns whether it did."""
+    if not mp4_encoder():
+        return False
+    import imageio_ffmpeg
+
+    frames = _uint8(frames)
+    if frames.shape[-1] == 1:
+        frames = np.repeat(frames, 3, axis=-1)
+    _, height, width, _ = frames.shape
+    if height % 2 or width % 2:
+        frames = np.pad(frames, ((0, 0), (0, height % 2), (0, width % 2), (0, 0)), mode="edge")
+        height, width = height + height % 2, width + width % 2
+    writer = imageio_ffmpeg.write_frames(path, (width, height), fps=fps, codec="libx264",
+                                         pix_fmt_in="rgb24", pix_fmt_out="yuv420p",
+                                         macro_block_size=1, ffmpeg_log_level="error")
+    with warnings.catch_warnings():
+        # JAX warns at every fork; this one execs ffmpeg at once, which is safe.
+        warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+        writer.send(None)  # starts ffmpeg
+    try:
+        for frame in frames:
+            writer.send(np.ascontiguousarray(frame))
+    finally:
+        writer.close()
+    return True
+
+
 class MetricWriter:
     """Writes log rows to TensorBoard and ``metrics.jsonl``.
 
@@ -178,13 +221,16 @@ class MetricWriter:
         return relative
 
     def _write_video(self, name: str, video: Video, step: int):
-        """The GIF file, and the TensorBoard event to add once the row is written."""
+        """The GIF file (and the MP4 beside it where an encoder is installed), and the
+        TensorBoard event to add once the row is written."""
         from tensorboardX.proto.summary_pb2 import Summary
 
         data = gif_bytes(video.frames, video.fps)
         relative = self._media_path("videos", name, step, "gif")
         with open(os.path.join(self.workdir, relative), "wb") as f:
             f.write(data)
+        write_mp4(os.path.join(self.workdir, relative[:-len("gif")] + "mp4"), video.frames,
+                  video.fps)
         _, height, width, channels = np.shape(video.frames)
         # TensorBoard shows an image summary holding a GIF as an animation; tensorboardX's own
         # add_video needs moviepy, which this avoids.

@@ -9,7 +9,8 @@ carried in the state, so prediction is a pure function of that state.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -111,3 +112,37 @@ def fresh_error(model: DynamicsMLP, state: DynamicsState, batch, valid) -> dict:
     sq = lambda x: jnp.sum(x**2, -1)  # noqa: E731
     return {"model/fresh_one_step_mse": jnp.sum(weights * sq(predicted - batch["next_obs"])),
             "model/zero_delta_mse": jnp.sum(weights * sq(batch["obs"] - batch["next_obs"]))}
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicsModel:
+    """The MLP dynamics on the world-model protocol (``models.protocol``): the state is the
+    observation vector, a step is ``predict`` (deterministic; the key is unused) and no
+    episode ends in it. Its parameters are a ``DynamicsState``; actions arrive in [-1, 1] and
+    reach the network in the env's units (``to_env``), as the planner acts."""
+
+    net: DynamicsMLP
+    action_dim: int
+    to_env: Callable[[jax.Array], jax.Array]
+    discrete = False
+    decodes = False
+    differentiable = True
+
+    def initial(self, params, batch: int):
+        return jnp.zeros((batch, params.inputs.mean.shape[-1] - self.action_dim))
+
+    def observe(self, params, state, action, obs, is_first, key):
+        del params, state, action, is_first, key
+        return jnp.asarray(obs, jnp.float32)
+
+    def step(self, params, state, action, key):
+        del key
+        next_obs, reward = predict(self.net, params, state, self.to_env(action))
+        return next_obs, reward, jnp.ones_like(reward)
+
+    def features(self, params, state):
+        del params
+        return state
+
+    def decode(self, params, state):
+        raise NotImplementedError("the MLP dynamics model predicts no frames")

@@ -20,7 +20,7 @@ model-based RL"):
 
 Initial weights (``EnsembleSpec.weight_init``): "flax" (``nn.Dense``'s lecun normal, zero
 bias) or "kit" (OfflineRL-Kit's ``EnsembleLinear``: normal with std 1 / (2 sqrt(fan_in)), a
-quarter of flax's variance, zero bias; configs/mopo.py's default).
+quarter of flax's variance, zero bias; jaxwm/configs/mopo.py's default).
 
 The log-variance bounds are one pair for the whole ensemble, as in OfflineRL-Kit's
 ``EnsembleDynamicsModel`` (and PETS' and MBPO's code): each member holds a copy (one member =

@@ -35,6 +35,7 @@ sequences, the model alone after a few observed steps).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
@@ -99,19 +100,38 @@ def imagine(model: WorldModel, params, start, act: Callable, horizon: int, key) 
                       batch_first(rewards), batch_first(conts))
 
 
-def rollout_sequences(model: WorldModel, params, start, sequences, key):
+def rollout_sequences(model: WorldModel, params, start, sequences, key, emit: tuple = ()):
     """Fixed action ``sequences`` [N, H, A] from ``start`` [N, ...]: ``(rewards [N, H],
     conts [N, H], final state)``, one ``lax.scan`` (a planner's candidates, scored and never
-    executed)."""
+    executed). ``emit``: also, as a fourth output, ``{name: [N, H, ...]}`` of each state after
+    a step, for ``"features"`` and (a model that decodes) ``"frames"``."""
+    views = {"features": model.features, "frames": model.decode}
 
     def step(state, inputs):
         action, k = inputs
         state, reward, cont = model.step(params, state, action, k)
-        return state, (reward, cont)
+        return state, (reward, cont, {name: views[name](params, state) for name in emit})
 
     keys = jax.random.split(key, sequences.shape[1])
-    final, (rewards, conts) = jax.lax.scan(step, start, (jnp.swapaxes(sequences, 0, 1), keys))
-    return jnp.swapaxes(rewards, 0, 1), jnp.swapaxes(conts, 0, 1), final
+    final, (rewards, conts, seen) = jax.lax.scan(step, start,
+                                                 (jnp.swapaxes(sequences, 0, 1), keys))
+    batch_first = partial(jnp.swapaxes, axis1=0, axis2=1)
+    out = (batch_first(rewards), batch_first(conts), final)
+    return out + (jax.tree.map(batch_first, seen),) if emit else out
+
+
+def predict(model: WorldModel, params, obs, sequences, key) -> dict:
+    """What the model predicts from observations ``obs`` [N, ...] under action ``sequences``
+    [N, H, A] (agent units): ``rewards`` and ``continues`` [N, H], the ``features`` [N, H, F]
+    of each state after a step and, where it decodes, its ``frames`` [N, H, ...]. What a
+    trained run's ``world_model.imagine`` shows (``jaxwm.trained``)."""
+    k_observe, k_steps = jax.random.split(key)
+    batch = obs.shape[0]
+    start = model.observe(params, model.initial(params, batch), jnp.zeros_like(sequences[:, 0]),
+                          obs, jnp.ones(batch, bool), k_observe)
+    emit = ("features", "frames") if model.decodes else ("features",)
+    rewards, conts, _, seen = rollout_sequences(model, params, start, sequences, k_steps, emit)
+    return {"rewards": rewards, "continues": conts, **seen}
 
 
 def planned_return(rewards, conts, final_value, discount: float):

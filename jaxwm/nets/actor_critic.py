@@ -56,6 +56,40 @@ def config_block(**overrides) -> ml_collections.ConfigDict:
     return n
 
 
+# ``config_block``'s settings: ``{key: (valid range, description)}`` (``jaxwm.config``).
+FIELDS = {
+    "encoder": ("{auto, mlp, nature_cnn, grid_cnn}",
+                "Observation encoder; auto: MLP on vectors, a CNN on pixels."),
+    "hidden": ("> 0", "Layer widths of the MLP encoder (and of a separate critic's MLP)."),
+    "activation": ("{tanh, relu, silu}", "Activation of the MLP encoder's layers."),
+    "backbone": ("{ff, lstm, gru, trxl, gtrxl, mamba, mamba2}",
+                 "Memory backbone after the encoder (BenchNetRL's set); ff: none."),
+    "frames": ("> 0", "Last vector observations concatenated as input (PPO-4: 4)."),
+    "separate_critic": (None, "ff on vectors: the critic gets an MLP of its own (CleanRL's)."),
+    "ff.head_hidden": ("> 0", "ff: hidden ReLU layers of each head (BenchNetRL's: 512, 512)."),
+    "rnn.hidden": ("> 0", "lstm, gru: hidden state size."),
+    "trxl.dim": ("> 0", "trxl, gtrxl: model width (divisible by heads)."),
+    "trxl.layers": ("> 0", "trxl, gtrxl: transformer blocks (Dai et al. 2019)."),
+    "trxl.heads": ("> 0", "trxl, gtrxl: attention heads."),
+    "trxl.memory": ("> 0", "trxl, gtrxl: earlier steps of the episode each step attends to."),
+    "mamba.dim": ("> 0", "mamba: width the block projects its input to (Gu & Dao 2023)."),
+    "mamba.state": ("> 0", "mamba: SSM state size per channel (N)."),
+    "mamba.conv": ("> 0", "mamba: kernel width of the causal depthwise convolution."),
+    "mamba.expand": ("> 0", "mamba: the mixer's inner width is expand x dim."),
+    "mamba.scan": ("{auto, associative, sequential}",
+                   "mamba: selective scan; auto: sequential on CPU, associative elsewhere."),
+    "mamba.learning_rate_scale": (">= 0", "mamba: factor on its learning rate (BenchNetRL's 0.4)."),
+    "mamba2.dim": ("> 0", "mamba2: width the block projects its input to (Dao & Gu 2024)."),
+    "mamba2.state": ("> 0", "mamba2: SSM state size (N)."),
+    "mamba2.conv": ("> 0", "mamba2: kernel width of the causal depthwise convolution."),
+    "mamba2.expand": ("> 0", "mamba2: the mixer's inner width is expand x dim."),
+    "mamba2.headdim": ("> 0", "mamba2: width of each SSD head (divides expand x dim)."),
+    "mamba2.chunk": ("> 0", "mamba2: chunk length of the chunked SSD scan."),
+    "mamba2.learning_rate_scale": (">= 0",
+                                   "mamba2: factor on its learning rate (BenchNetRL's 0.4)."),
+}
+
+
 def make_encoder(kind: str, hidden: Sequence[int], activation: str,
                  canonical_backward: bool | None = None) -> nn.Module:
     if kind == "mlp":
@@ -148,7 +182,7 @@ def validate(spec, net_config) -> None:
         raise ConfigError(
             f"network.encoder={encoder!r} takes {'images' if takes_pixels else 'vectors'}; "
             f"{spec.env_id} observes {kind} of shape {spec.obs_shape}. Use a config made for "
-            f"this env family (configs/ppo.py: cartpole, mujoco, atari, minigrid) or "
+            f"this env family (ppo: cartpole, mujoco, atari, minigrid) or "
             f"--config.network.encoder=auto.")
     if net_config.frames > 1 and spec.is_pixels:
         raise ConfigError(f"network.frames={net_config.frames} stacks vector observations; "

@@ -5,9 +5,13 @@ differ only by seed, and writes to ``--out``:
 
 * ``table.md`` / ``table.csv``: per group, the seeds, whether every run finished, the final
   and the best evaluation (mean over seeds and its 95% stratified-bootstrap CI), env steps,
-  wall time and env steps per second;
+  wall time and env steps per second; over several algorithms, ``table.md`` has a table per
+  algorithm, its columns the settings that differ among that algorithm's runs;
 * ``curves_env_steps.png`` / ``curves_wall_time.png``: learning curves, one panel per task,
-  the mean over seeds with its CI band and each seed as a thin line;
+  the mean over seeds with its CI band and each seed as a thin line (one evaluation: a dot
+  with a CI bar). Runs that count no env steps (offline: MOPO, diffusion) are drawn against
+  their own counter instead (``curves_<log.x_axis>.png``, e.g. ``curves_agent_updates.png``),
+  and a line on stderr and in the notes says so, as for any figure not written;
 * ``aggregates.md`` / ``.csv`` / ``.png``: across tasks, with rliable (``report.stats``): IQM,
   median, mean and optimality gap (normalised scores only) with stratified-bootstrap CIs, per
   method (a group less its task, ``env.id``); ``performance_profile.png``; and the probability
@@ -32,13 +36,12 @@ from jaxwm import scores
 from jaxwm.report import figures, stats
 from jaxwm.report.runs import (
     TASK_FIELD,
+    Group,
     ReportError,
     Run,
     find_runs,
-    group_fields,
-    group_runs,
-    label,
     load_run,
+    make_groups,
     shared_env_streams,
 )
 
@@ -110,18 +113,25 @@ def _normalized(run: Run, values, kind: str):
                             else kind)
 
 
-def _band(seeds, axis: str, normalize: str, run_of, reps: int, seed: int, ci: bool):
-    """A group's curve on a shared grid: x, mean, low, high and each seed's values."""
-    xs = [getattr(s, axis) for s in seeds]
-    if any(np.isnan(x).all() for x in xs):
-        return None
-    end = min(x[-1] for x in xs)
+def _grid(xs, axis: str) -> np.ndarray:
+    """Where a group's seeds are compared: the first seed's own points on a counter, 60
+    times across the stretch every seed covers on the wall clock; one point (their mean final
+    x) where they cover no stretch together, e.g. one evaluation each."""
+    start, end = max(x[0] for x in xs), min(x[-1] for x in xs)
     if axis == "env_steps":
         grid = xs[0][xs[0] <= end]
     else:
-        grid = np.linspace(max(x[0] for x in xs), end, 60)
-    if grid.size < 2:
+        grid = np.linspace(start, end, 60) if end > start else np.empty(0)
+    return grid if grid.size else np.array([np.mean([x[-1] for x in xs])])
+
+
+def _band(seeds, axis: str, normalize: str, run_of, reps: int, seed: int, ci: bool):
+    """A group's curve on a shared grid: x, mean, low, high and each seed's values. ``axis``
+    is the ``Seed`` attribute: ``env_steps`` (the run's counter) or ``wall``."""
+    xs = [getattr(s, axis) for s in seeds]
+    if any(np.isnan(x).all() for x in xs):
         return None
+    grid = _grid(xs, axis)
     per_seed = np.stack([np.interp(grid, x, _normalized(run_of[id(s)], s.values, normalize))
                          for x, s in zip(xs, seeds, strict=True)])
     if ci and len(seeds) > 1:
@@ -129,6 +139,138 @@ def _band(seeds, axis: str, normalize: str, run_of, reps: int, seed: int, ci: bo
     else:
         mean = low = high = per_seed.mean(0)
     return grid, mean, low, high, per_seed
+
+
+def _load(paths, metric: str, log) -> tuple[list[Run], list[tuple[str, str]]]:
+    """The runs under ``paths`` that have ``metric``, and (path, why) for those skipped."""
+    runs, skipped = [], []
+    for path in find_runs(paths):
+        run, why = load_run(path, metric)
+        if run is None:
+            skipped.append((path, why))
+            log(f"jaxwm.report: skipped {path}: {why}")
+            continue
+        runs.append(run)
+        if run.note:
+            log(f"jaxwm.report: {path}: {run.note}")
+    return runs, skipped
+
+
+def _table_row(group: Group, normalize: str, ci: bool, reps: int, seed: int) -> dict:
+    seeds = [(run, s) for run in group.runs for s in run.seeds]
+    final = [_normalized(r, s.final, normalize) for r, s in seeds]
+    best = [_normalized(r, s.best, normalize) for r, s in seeds]
+    steps = np.mean([r.env_steps for r in group.runs])
+    wall = np.mean([r.wall_seconds for r in group.runs])
+    return {**group.settings, "seeds": len(seeds), "status": _status(group.runs),
+            "final": _estimate(final, ci, reps, seed), "best": _estimate(best, ci, reps, seed),
+            "env_steps": steps, "wall_seconds": wall,
+            "steps_per_second": steps / wall if wall > 0 else np.nan}
+
+
+def _markdown_table(fields, rows: list[dict], unit: str) -> list[str]:
+    header = [*fields, "seeds", "status", f"final {unit} (95% CI)", f"best {unit} (95% CI)",
+              "env steps", "wall time", "env steps/s"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        lines.append("| " + " | ".join(
+            [str(row[f]) for f in fields] + [str(row["seeds"]), row["status"],
+                                             _with_ci(*row["final"]), _with_ci(*row["best"]),
+                                             _fmt(row["env_steps"]), _duration(row["wall_seconds"]),
+                                             _fmt(row["steps_per_second"])]) + " |")
+    return lines
+
+
+def _grouped_by(groups: list[Group], fields) -> str:
+    """``3 runs in 2 groups, grouped by ppo.lr.``"""
+    runs = sum(len(g.runs) for g in groups)
+    return (f"{runs} run{'s' * (runs != 1)} in {len(groups)} group{'s' * (len(groups) != 1)}"
+            + (f", grouped by {', '.join(fields)}" if fields else "") + ".")
+
+
+def _table_markdown(groups: list[Group], rows: list[dict], unit: str,
+                    per_algo: bool) -> list[str]:
+    """One table; or, ``per_algo``, a section per algorithm whose columns are the settings
+    that differ among its runs (another algorithm's keys would be empty columns)."""
+    if not per_algo:
+        fields = groups[0].fields
+        return [_grouped_by(groups, fields), "", *_markdown_table(fields, rows, unit)]
+    algos = list(dict.fromkeys(g.runs[0].algo for g in groups))
+    lines = [f"{sum(len(g.runs) for g in groups)} runs of {len(algos)} algorithms in "
+             f"{len(groups)} groups; each algorithm's table shows the settings that differ "
+             "among its runs."]
+    for algo in algos:
+        mine = [(g, row) for g, row in zip(groups, rows, strict=True) if g.runs[0].algo == algo]
+        fields = [f for f in mine[0][0].fields if f != "algo"]
+        lines += ["", f"## {algo}", "", _grouped_by([g for g, _ in mine], fields), "",
+                  *_markdown_table(fields, [row for _, row in mine], unit)]
+    return lines
+
+
+def _write_table_csv(path: str, groups: list[Group], rows: list[dict]) -> None:
+    """Every group's settings as columns (blank where a group has no such setting)."""
+    fields = list(dict.fromkeys(f for g in groups for f in g.fields))
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*fields, "seeds", "status", "final", "final_low", "final_high", "best",
+                         "best_low", "best_high", "env_steps", "wall_seconds", "env_steps_per_s"])
+        for row in rows:
+            writer.writerow([row.get(f, "") for f in fields] + [
+                row["seeds"], row["status"], *row["final"], *row["best"], row["env_steps"],
+                row["wall_seconds"], row["steps_per_second"]])
+
+
+def _curve_figures(groups: list[Group]) -> list[tuple[str, str, str, list[Group]]]:
+    """(axis, file, x label, groups) per figure: env steps for the runs that count them,
+    one per other counter that runs are logged against (offline runs: ``log.x_axis``, e.g.
+    agent_updates), and wall time for every run."""
+    by_axis: dict[str, list[Group]] = {"env_steps": []}
+    for group in groups:
+        axes = {r.x_axis for r in group.runs}
+        if len(axes) == 1:
+            by_axis.setdefault(axes.pop(), []).append(group)
+    figures_ = [(axis, f"curves_{axis}.png", axis.replace("_", " "), members)
+                for axis, members in by_axis.items()]
+    return [*figures_, ("wall", "curves_wall_time.png", "wall seconds", list(groups))]
+
+
+def _env_steps_note(groups: list[Group], drawn: list[Group], files: list[str]) -> str:
+    """One line on the groups ``curves_env_steps.png`` lacks (they count no env steps), or
+    ``""``."""
+    left = [g for g in groups if g not in drawn]
+    if not left:
+        return ""
+    instead = sorted(f"curves_{a}.png" for a in {r.x_axis for g in left for r in g.runs}
+                     if f"curves_{a}.png" in files)
+    where = f"; {', '.join(instead)} draws them against their own counter" if instead else ""
+    if not drawn:
+        return f"no curves_env_steps.png: no run counts env steps (offline runs){where}."
+    return (f"curves_env_steps.png leaves out {', '.join(g.label for g in left)}: "
+            f"{'its' if len(left) == 1 else 'their'} runs count no env steps (offline "
+            f"runs){where}.")
+
+
+def _write_curves(groups: list[Group], out: str, unit: str, band) -> tuple[list[str], list[str]]:
+    """The learning-curve figures, one panel per task (``_curve_figures``), and one line for
+    each figure not written or that leaves groups out. ``band(seeds, axis, run_of)``."""
+    files, notes, env_steps_groups = [], [], []
+    for axis, name, x_label, members in _curve_figures(groups):
+        panels: dict = {}
+        for group in members:
+            seeds = [s for r in group.runs for s in r.seeds]
+            curve = band(seeds, "wall" if axis == "wall" else "env_steps",
+                         {id(s): r for r in group.runs for s in r.seeds})
+            if curve is not None:
+                panels.setdefault(group.task, {})[group.method] = curve
+        if figures.curves(panels, os.path.join(out, name), x_label, unit):
+            files.append(name)
+        elif axis == "wall":
+            notes.append("no curves_wall_time.png: no run logs charts/wall_seconds (runs "
+                         "written before jaxwm logged it).")
+        if axis == "env_steps":
+            env_steps_groups = members
+    note = _env_steps_note(groups, env_steps_groups, files)
+    return files, [note, *notes] if note else notes
 
 
 def make_report(paths, out: str, metric: str = "eval/episodic_return", group_by=None,
@@ -141,27 +283,17 @@ def make_report(paths, out: str, metric: str = "eval/episodic_return", group_by=
                           f"{', '.join(scores.NORMALIZATIONS)}.")
     if ci not in CI_MODES:
         raise ReportError(f"unknown --ci {ci!r}; choose one of {', '.join(CI_MODES)}.")
-    runs, skipped = [], []
-    for path in find_runs(paths):
-        run, why = load_run(path, metric)
-        if run is None:
-            skipped.append((path, why))
-            log(f"jaxwm.report: skipped {path}: {why}")
-        else:
-            runs.append(run)
+    runs, skipped = _load(paths, metric, log)
     if not runs:
         raise ReportError(f"no run has {metric!r} in its metrics.jsonl ({len(skipped)} run "
                           "directories read); pass --metric with a name from metrics.jsonl, "
                           "e.g. eval/episodic_return or charts/episodic_return.")
-    fields = group_fields(runs, group_by)
-    groups = dict(sorted(group_runs(runs, fields).items(), key=lambda kv: str(kv[0])))
-    shared = [f"{label(fields, key)}: {note}" for key, members in groups.items()
-              if (note := shared_env_streams(members))]
+    groups = make_groups(runs, group_by)
+    shared = [f"{g.label}: {note}" for g in groups if (note := shared_env_streams(g.runs))]
     for note in shared:
         log(f"jaxwm.report: {note}")
     if ci == "always":
-        lonely = [label(fields, key) for key, members in groups.items()
-                  if sum(len(r.seeds) for r in members) < 2]
+        lonely = [g.label for g in groups if sum(len(r.seeds) for r in g.runs) < 2]
         if lonely:
             raise ReportError(f"a confidence interval needs 2 or more seeds; {lonely[0]} has "
                               "one. Run more seeds (--config.num_seeds=N, or more --config.seed"
@@ -178,71 +310,31 @@ def make_report(paths, out: str, metric: str = "eval/episodic_return", group_by=
     else:
         unit = scores.NORMALIZATIONS[normalize][0] if normalize != "raw" else metric
     os.makedirs(out, exist_ok=True)
-    files = []
 
-    # ---- the table
-    table = []
-    for key, members in groups.items():
-        seeds = [(run, s) for run in members for s in run.seeds]
-        final = [_normalized(r, s.final, normalize) for r, s in seeds]
-        best = [_normalized(r, s.best, normalize) for r, s in seeds]
-        steps = np.mean([r.env_steps for r in members])
-        wall = np.mean([r.wall_seconds for r in members])
-        table.append({
-            **dict(zip(fields, key, strict=True)), "seeds": len(seeds), "status": _status(members),
-            "final": _estimate(final, use_ci, reps, seed), "best": _estimate(best, use_ci, reps, seed),
-            "env_steps": steps, "wall_seconds": wall,
-            "steps_per_second": steps / wall if wall > 0 else np.nan})
-    header = [*fields, "seeds", "status", f"final {unit} (95% CI)", f"best {unit} (95% CI)",
-              "env steps", "wall time", "env steps/s"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in table:
-        lines.append("| " + " | ".join(
-            [str(row[f]) for f in fields] + [str(row["seeds"]), row["status"],
-                                             _with_ci(*row["final"]), _with_ci(*row["best"]),
-                                             _fmt(row["env_steps"]), _duration(row["wall_seconds"]),
-                                             _fmt(row["steps_per_second"])]) + " |")
-    markdown = [f"# Report: {metric}" + (f", {unit}" if unit != metric else ""),
-                "", f"{len(runs)} runs in {len(groups)} groups"
-                + (f", grouped by {', '.join(fields)}" if fields else "") + ".", "", *lines]
-    with open(os.path.join(out, "table.csv"), "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow([*fields, "seeds", "status", "final", "final_low", "final_high", "best",
-                         "best_low", "best_high", "env_steps", "wall_seconds", "env_steps_per_s"])
-        for row in table:
-            writer.writerow([row[f] for f in fields] + [row["seeds"], row["status"], *row["final"],
-                            *row["best"], row["env_steps"], row["wall_seconds"],
-                            row["steps_per_second"]])
-    files += ["table.md", "table.csv"]
+    # ---- the table: per algorithm when several (and --group-by not given)
+    table = [_table_row(g, normalize, use_ci, reps, seed) for g in groups]
+    per_algo = not group_by and len({r.algo for r in runs}) > 1
+    markdown = [f"# Report: {metric}" + (f", {unit}" if unit != metric else ""), "",
+                *_table_markdown(groups, table, unit, per_algo)]
+    _write_table_csv(os.path.join(out, "table.csv"), groups, table)
+    files = ["table.md", "table.csv"]
 
     # ---- learning curves, one panel per task
-    method_fields = [f for f in fields if f != TASK_FIELD]
-    x_axes = sorted({r.x_axis for r in runs})
-    for axis, name, x_label in (("env_steps", "curves_env_steps.png",
-                                 " / ".join(a.replace("_", " ") for a in x_axes)),
-                                ("wall", "curves_wall_time.png", "wall seconds")):
-        panels: dict = {}
-        for key, members in groups.items():
-            values = dict(zip(fields, key, strict=True))
-            task = str(values.get(TASK_FIELD, members[0].config.get(TASK_FIELD, "")))
-            seeds = [s for r in members for s in r.seeds]
-            run_of = {id(s): r for r in members for s in r.seeds}
-            band = _band(seeds, axis, normalize, run_of, reps, seed, use_ci)
-            if band is not None:
-                method = label(method_fields, [values[f] for f in method_fields])
-                panels.setdefault(task, {})[method] = band
-        if figures.curves(panels, os.path.join(out, name), x_label, unit):
-            files.append(name)
+    curve_files, curve_notes = _write_curves(
+        groups, out, unit, lambda seeds, axis, run_of: _band(seeds, axis, normalize, run_of,
+                                                             reps, seed, use_ci))
+    files += curve_files
+    for note in curve_notes:
+        log(f"jaxwm.report: {note}")
 
     # ---- aggregates across tasks (rliable)
-    score_dict, notes = {}, list(shared)
+    score_dict = {}
+    notes = [*shared, *curve_notes, *(f"{r.path}: {r.note}" for r in runs if r.note)]
     methods: dict = {}
-    for key, members in groups.items():
-        values = dict(zip(fields, key, strict=True))
-        method = label(method_fields, [values[f] for f in method_fields])
-        for run in members:
+    for group in groups:
+        for run in group.runs:
             task = str(run.config.get(TASK_FIELD, ""))
-            methods.setdefault(method, {}).setdefault(task, []).extend(
+            methods.setdefault(group.method, {}).setdefault(task, []).extend(
                 _normalized(run, s.final, normalize) for s in run.seeds)
     if unit == metric and len({t for tasks in methods.values() for t in tasks}) > 1:
         notes.append("aggregates pool raw returns of different tasks as they are; pass "
@@ -294,11 +386,11 @@ def make_report(paths, out: str, metric: str = "eval/episodic_return", group_by=
     return Report(table, results, improvement, skipped, files, text)
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = "python -m jaxwm.report") -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m jaxwm.report",
+        prog=prog,
         description="Tables and figures (rliable aggregates, seed bands) from jaxwm run "
                     "directories.")
     parser.add_argument("paths", nargs="+", help="run directories or folders holding them")

@@ -20,18 +20,34 @@ def curves(panels: dict, path: str, x_label: str, y_label: str) -> bool:
     """One panel per task: ``panels = {task: {group: (x, mean, low, high, per_seed)}}``, the
     mean over seeds with its 95% CI band and each seed as a thin line. False if nothing to
     draw."""
+    fig = draw_curves(panels, x_label, y_label)
+    if fig is None:
+        return False
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    return True
+
+
+def draw_curves(panels: dict, x_label: str, y_label: str):
+    """``curves``' figure, or None if nothing to draw."""
     panels = {task: lines for task, lines in panels.items() if lines}
     if not panels:
-        return False
+        return None
     plt = _pyplot()
     n = len(panels)
     cols = min(n, 3)
     rows = -(-n // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.8 * rows), squeeze=False)
+    points = False
     for ax, (task, lines) in zip(axes.flat, panels.items(), strict=False):
         for group, (x, mean, low, high, per_seed) in lines.items():
             seeds = len(per_seed)
-            line, = ax.plot(x, mean, label=f"{group} ({seeds} seed{'s' * (seeds > 1)})")
+            name = f"{group} ({seeds} seed{'s' * (seeds > 1)})"
+            if len(x) == 1:  # a line through one point draws nothing
+                _point(ax, x, mean, low, high, per_seed, name)
+                points = True
+                continue
+            line, = ax.plot(x, mean, label=name)
             if seeds > 1:
                 ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
                 for values in per_seed:
@@ -43,11 +59,23 @@ def curves(panels: dict, path: str, x_label: str, y_label: str) -> bool:
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
-    fig.suptitle("mean over seeds, 95% bootstrap CI shaded, seeds as thin lines", fontsize=9)
+    fig.suptitle("mean over seeds, 95% bootstrap CI shaded, seeds as thin lines"
+                 + ("\none evaluation: the mean as a dot, its CI as a bar, seeds as small dots"
+                    if points else ""), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return fig
+
+
+def _point(ax, x, mean, low, high, per_seed, name: str) -> None:
+    """A group with one point on the grid (one evaluation): the mean as a marker, the CI as
+    an error bar and each seed as a small dot."""
+    line, = ax.plot(x, mean, marker="o", linestyle="none", label=name)
+    if len(per_seed) > 1:
+        color = line.get_color()
+        below, above = np.maximum(mean - low, 0), np.maximum(high - mean, 0)
+        ax.errorbar(x, mean, yerr=[below, above], color=color, linestyle="none", capsize=4)
+        ax.plot(np.repeat(x, len(per_seed)), per_seed[:, 0], marker=".", linestyle="none",
+                color=color, alpha=0.4)
 
 
 def aggregates(results: dict, path: str, x_label: str) -> None:

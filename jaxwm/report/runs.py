@@ -4,12 +4,15 @@ and how far they got.
 A run directory is any folder with a ``config.json`` (``jaxwm.train`` writes it first). Its
 ``metrics.jsonl`` gives, per seed, the metric's values against ``counters/env_steps`` and
 against the training wall time (``charts/wall_seconds``); a run of ``--config.num_seeds=N``
-holds N seeds, as ``<metric>/seed_<k>`` columns. A last line cut short (the run is still
-writing it, or was killed mid-write) is read up to the last full row (``metrics.read_jsonl``).
+holds N seeds, as ``<metric>/seed_<k>`` columns. A line that is not a whole row (cut short
+by a crash mid-write, or with a restarted run's first row written onto it) is skipped and
+named in the run's ``note``; the rows around it still count.
 
-Groups: runs whose configs agree on every setting that differs anywhere among the runs (or
-on the ``--group-by`` fields) are seeds of one group. Settings that never change what is
-learned (the seed, log and checkpoint cadence, resume, devices) never split groups.
+Groups: runs of one algorithm whose configs agree on every setting that differs among that
+algorithm's runs (or on the ``--group-by`` fields) are seeds of one group. Each algorithm
+is grouped on its own settings, since two algorithms share few keys and every key one of
+them lacks would otherwise "differ". Settings that never change what is learned (the seed,
+log and checkpoint cadence, resume, devices) never split groups.
 
 Seeds of a group are independent only if their runs share no env: envpool seeds env i of a
 pool with seed + i, so separate runs with ``--config.seed`` 1, 2, 3 start most of their
@@ -27,7 +30,6 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from jaxwm.loop.metrics import read_jsonl
 from jaxwm.loop.seeds import EVAL_SEED_OFFSET
 
 # Settings that differ between seeds or bookkeeping, not between methods.
@@ -68,10 +70,43 @@ class Run:
     env_steps: float
     wall_seconds: float  # NaN if not logged
     x_axis: str = "env_steps"  # what Seed.env_steps holds: the log.x_axis of offline runs
+    note: str = ""  # what a reader should know about its files (lines skipped), or ""
 
     @property
     def finished(self) -> bool:
         return self.progress >= 1.0 - 1e-9
+
+    @property
+    def algo(self) -> str:
+        return str(self.config.get("algo", ""))
+
+
+@dataclasses.dataclass
+class Group:
+    """Runs that are seeds of one setting: ``fields`` name the group, ``values`` are its
+    values of them."""
+
+    fields: tuple[str, ...]
+    values: tuple
+    runs: list[Run]
+
+    @property
+    def settings(self) -> dict:
+        return dict(zip(self.fields, self.values, strict=True))
+
+    @property
+    def label(self) -> str:
+        return label(self.fields, self.values)
+
+    @property
+    def method(self) -> str:
+        """The label less the task: what aggregates across tasks compare."""
+        kept = [(f, v) for f, v in zip(self.fields, self.values, strict=True) if f != TASK_FIELD]
+        return label([f for f, _ in kept], [v for _, v in kept])
+
+    @property
+    def task(self) -> str:
+        return str(self.settings.get(TASK_FIELD, self.runs[0].config.get(TASK_FIELD, "")))
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -112,6 +147,32 @@ def seed_columns(rows: Iterable[dict], metric: str) -> list[str]:
     return [f"{prefix}{k}" for k in ks] or [metric]
 
 
+def read_rows(path: str) -> tuple[list[dict], list[int]]:
+    """The rows of a ``metrics.jsonl`` and the numbers of its lines that are not whole rows.
+    Those are skipped rather than fatal (unlike ``loop.metrics.read_jsonl``, which a resume
+    uses to rewrite the file): a crash mid-write leaves a last line cut short, with or without
+    its newline, and one broken line must not hide the evaluations before it."""
+    rows, broken = [], []
+    with open(path, errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
+            if isinstance(row, dict):
+                rows.append(row)
+            else:
+                broken.append(number)
+    return rows, broken
+
+
+def _lines(numbers: Sequence[int]) -> str:
+    """``line 7`` or ``lines 3, 7``."""
+    return f"line{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers))}"
+
+
 def load_run(path: str, metric: str) -> tuple[Run | None, str]:
     """The run at ``path`` and ``""``, or ``None`` and why it was skipped."""
     with open(os.path.join(path, "config.json")) as f:
@@ -119,12 +180,10 @@ def load_run(path: str, metric: str) -> tuple[Run | None, str]:
     metrics_path = os.path.join(path, "metrics.jsonl")
     if not os.path.exists(metrics_path):
         return None, "no metrics.jsonl yet"
-    try:
-        rows = read_jsonl(metrics_path)
-    except json.JSONDecodeError as e:
-        return None, f"metrics.jsonl is corrupt ({e})"
+    rows, broken = read_rows(metrics_path)
     if not rows:
-        return None, "metrics.jsonl is empty"
+        return None, (f"metrics.jsonl has no whole row yet ({_lines(broken)} cut short "
+                      "mid-write)" if broken else "metrics.jsonl is empty")
     columns = seed_columns(rows, metric)
     seeds = []
     for column in columns:
@@ -143,33 +202,59 @@ def load_run(path: str, metric: str) -> tuple[Run | None, str]:
         progress = env_steps / total if total and np.isfinite(env_steps) else 1.0
     wall = float(last.get("charts/wall_seconds", np.nan))
     x_axis = "env_steps" if "counters/env_steps" in last else str(config.get("log.x_axis", "step"))
-    return Run(path, config, seeds, progress, env_steps, wall, x_axis), ""
+    note = (f"skipped metrics.jsonl's {_lines(broken)}: not a whole row (cut short mid-write?)"
+            if broken else "")
+    return Run(path, config, seeds, progress, env_steps, wall, x_axis, note), ""
 
 
-def group_fields(runs: Sequence[Run], group_by: Sequence[str] | None) -> list[str]:
-    """``group_by`` (each checked to exist in some run) or the settings that differ among
-    ``runs`` (``NOT_A_GROUP`` aside), always ``algo`` first when several algorithms."""
-    if group_by:
-        known = set().union(*(r.config for r in runs))
-        for field in group_by:
-            if field not in known:
-                close = difflib.get_close_matches(field, sorted(known), n=3)
-                raise ReportError(f"--group-by {field!r} is not a config setting of any run"
-                                  + (f"; did you mean one of {', '.join(close)}?" if close
-                                     else "; settings look like algo, env.id, ppo.lr."))
-        return list(group_by)
+def check_group_by(runs: Sequence[Run], group_by: Sequence[str]) -> None:
+    """``ReportError`` naming the close matches if a ``--group-by`` field is in no run."""
+    known = set().union(*(r.config for r in runs))
+    for field in group_by:
+        if field not in known:
+            close = difflib.get_close_matches(field, sorted(known), n=3)
+            raise ReportError(f"--group-by {field!r} is not a config setting of any run"
+                              + (f"; did you mean one of {', '.join(close)}?" if close
+                                 else "; settings look like algo, env.id, ppo.lr."))
+
+
+def differing(runs: Sequence[Run]) -> list[str]:
+    """The settings whose values differ among ``runs`` (``NOT_A_GROUP`` aside), the task
+    first."""
     keys = sorted(set().union(*(r.config for r in runs)))
     differ = [k for k in keys if not k.startswith(NOT_A_GROUP) and k not in NOT_A_GROUP
               and len({json.dumps(r.config.get(k), sort_keys=True, default=str)
                        for r in runs}) > 1]
-    return sorted(differ, key=lambda k: (k != "algo", k != TASK_FIELD, k))
+    return sorted(differ, key=lambda k: (k != TASK_FIELD, k))
 
 
-def group_runs(runs: Sequence[Run], fields: Sequence[str]) -> dict[tuple, list[Run]]:
-    """Runs by their values of ``fields`` (in first-seen order)."""
+def _split(runs: Sequence[Run], fields: Sequence[str]) -> list[Group]:
+    """``runs`` as groups by their values of ``fields``, ordered by those values."""
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
         groups.setdefault(tuple(run.config.get(f) for f in fields), []).append(run)
+    return [Group(tuple(fields), values, members)
+            for values, members in sorted(groups.items(), key=lambda kv: str(kv[0]))]
+
+
+def make_groups(runs: Sequence[Run], group_by: Sequence[str] | None = None) -> list[Group]:
+    """Runs that are seeds of one setting, by algorithm: with ``group_by``, by those fields
+    (each checked to exist); otherwise each algorithm's runs by the settings that differ among
+    them, after ``algo`` when there are several, and the task wherever tasks differ at all
+    (a reader comparing algorithms needs each one's task even if it ran only one)."""
+    if group_by:
+        check_group_by(runs, group_by)
+        return _split(runs, group_by)
+    by_algo: dict[str, list[Run]] = {}
+    for run in runs:
+        by_algo.setdefault(run.algo, []).append(run)
+    if len(by_algo) == 1:
+        return _split(runs, differing(runs))
+    task = [TASK_FIELD] if TASK_FIELD in differing(runs) else []
+    groups = []
+    for _, members in sorted(by_algo.items()):
+        own = differing(members)
+        groups += _split(members, ["algo", *task, *(f for f in own if f not in task)])
     return groups
 
 

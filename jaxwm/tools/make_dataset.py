@@ -12,7 +12,7 @@ Levels as D4RL defines them (Fu et al. 2020, sec. 5):
 * ``expert``: the fully trained SAC policy (the run's last snapshot).
 * ``medium-expert``: medium and expert concatenated (2x the size).
 
-The behaviour SAC (``configs/sac.py``; ``pendulum`` for Pendulum, ``mujoco`` otherwise) trains
+The behaviour SAC (``jaxwm/configs/sac.py``; ``pendulum`` for Pendulum, ``mujoco`` otherwise) trains
 once per env and seed in ``--workdir`` (default ``<out dir>/sac-<env>-seed<seed>``), saving a
 snapshot at every evaluation, and later levels reuse it. Policies act stochastically (SAC's
 sampled actions, as D4RL's were). Each env's steps are written contiguously, so row i+1 is
@@ -67,7 +67,7 @@ def make_missing_inputs(config) -> None:
 
 def behaviour_config(env_id: str, train_steps: int, snapshot_every: int, seed: int):
     variant = "pendulum" if env_id.startswith("Pendulum") else "mujoco"
-    config = jaxwm.config.load(os.path.join(ROOT, f"configs/sac.py:{variant}"), {
+    config = jaxwm.config.load(f"sac:{variant}", {
         "env.id": env_id, "total_env_steps": train_steps, "seed": seed,
         "eval.every": f"{snapshot_every} env_steps",
         "checkpoint.every": f"{snapshot_every} env_steps", "checkpoint.keep": 1_000_000})
@@ -280,8 +280,8 @@ def make(env_id: str, level: str, out: str, size: int = 1_000_000, train_steps: 
     return datasets.write_d4rl(out, arrays, meta, overwrite=overwrite)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None, prog: str = "python -m jaxwm.tools.make_dataset") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--env", required=True, help="envpool env id, e.g. Hopper-v4")
     parser.add_argument("--level", required=True, choices=LEVELS)
     parser.add_argument("--out", required=True, help="HDF5 file to write")

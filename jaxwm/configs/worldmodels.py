@@ -1,11 +1,11 @@
 """World Models (jaxwm/algos/worldmodels.py; Ha & Schmidhuber 2018). Launch:
 
-python -m jaxwm.train --config=configs/worldmodels.py:carracing
-python -m jaxwm.train --config=configs/worldmodels.py:carracing \\
+python -m jaxwm.train --config=worldmodels:carracing
+python -m jaxwm.train --config=worldmodels:carracing \\
     --config.controller.train_in=dream --config.dream.temperature=1.15
-python -m jaxwm.train --config=configs/worldmodels.py:carracing_cpu  # ~45 min on 2 CPU cores
-python -m jaxwm.train --config=configs/worldmodels.py:tiny      # minutes on a CPU
-python -m jaxwm.train --config=configs/worldmodels.py:tiny --config.controller.population=16
+python -m jaxwm.train --config=worldmodels:carracing_cpu  # ~45 min on 2 CPU cores
+python -m jaxwm.train --config=worldmodels:tiny      # minutes on a CPU
+python -m jaxwm.train --config=worldmodels:tiny --config.controller.population=16
 
 Phases, each with its own counter: ``collect`` (random rollouts, ``env_steps``) -> ``vae``
 (``vae_updates``) -> ``encode`` (every frame to its posterior, ``encoded_rows``) -> ``rnn``
@@ -26,9 +26,52 @@ episodes of 500 steps for 20 generations, evaluated on 10 full episodes.
 
 import ml_collections
 
-from jaxwm.config import base_config
+from jaxwm.agents.cma_es import MIN_POPULATION
+from jaxwm.config import base_config, prefixed
 
-VARIANTS = ("carracing", "carracing_cpu", "tiny")
+SUMMARIES = {
+    "carracing": "The paper's CarRacing recipe (Ha & Schmidhuber 2018): days of compute",
+    "carracing_cpu": "The recipe cut to a CPU budget: ~45 min on 2 cores",
+    "tiny": "Every phase in minutes on a CPU",
+}
+VARIANTS = tuple(SUMMARIES)
+# A linear controller evolved by CMA-ES (jaxwm/agents/cma_es.py): World Models' controller
+# block and jaxwm/configs/pairing.py's cmaes block.
+CMAES_FIELDS = {
+    "population": (f">= {MIN_POPULATION}", "CMA-ES candidates per generation."),
+    "episodes": ("> 0", "Episodes each candidate is scored on (mean return)."),
+    "sigma": ("> 0", "CMA-ES's initial step size."),
+    "max_steps": ("> 0", "Steps per scoring episode."),
+}
+FIELDS = {
+    **prefixed("worldmodels", {
+        "rollouts": ("> 0", "Random rollouts collected."),
+        "rollout_steps": ("> 0", "Env steps per random rollout."),
+        "collect_policy": ("{random, brownian}",
+                           "Rollout actions: uniform (the paper's) or brownian (ctallec's)."),
+        "crop_rows": (">= 0", "Frame rows kept from the top (CarRacing: the dashboard cut); 0: all."),
+        "z_dim": ("> 0", "The VAE's latent size."),
+        "kl_tolerance": (">= 0", "The VAE's free bits per latent dimension, nats."),
+        "vae_lr": ("> 0", "The VAE's Adam learning rate."),
+        "vae_batch": ("> 0", "Frames per VAE update."),
+        "vae_epochs": ("> 0", "Passes of the VAE over the collected frames."),
+        "encode_batch": ("> 0", "Frames encoded per call of the encode phase."),
+        "rnn_hidden": ("> 0", "The MDN-RNN's LSTM units."),
+        "num_mixtures": ("> 0", "Gaussians of the MDN-RNN's mixture."),
+        "rnn_lr": ("> 0", "The MDN-RNN's Adam learning rate."),
+        "rnn_batch": ("> 0", "Sequences per MDN-RNN update."),
+        "rnn_seq_len": ("> 0", "Steps per MDN-RNN training sequence."),
+        "rnn_grad_clip": ("> 0", "Clip of each MDN-RNN gradient element (by value)."),
+        "rnn_updates": ("> 0", "MDN-RNN updates."),
+        "video_every": (">= 0", "Generations between dream-beside-real videos; 0: never."),
+    }),
+    **prefixed("controller", {
+        **CMAES_FIELDS,
+        "generations": ("> 0", "CMA-ES generations."),
+        "train_in": ("{real, dream}", "Where candidates are scored: the real env or M's dream."),
+    }),
+    "dream.temperature": ("> 0", "Temperature of M's samples in the dream."),
+}
 
 
 def get_config(variant: str = "carracing") -> ml_collections.ConfigDict:

@@ -1,4 +1,4 @@
-"""PPO configs. Launch: python -m jaxwm.train --config=configs/ppo.py:<variant>
+"""PPO configs. Launch: python -m jaxwm.train --config=ppo:<variant>
 
 Variants: cartpole (default; solves CartPole-v1 in ~200k steps), atari, mujoco, minigrid,
 the partially observable cartpole_masked and lunarlander_masked (velocities zeroed;
@@ -30,12 +30,30 @@ which jaxwm's one PPO does not.
 
 import ml_collections
 
+from jaxwm.agents import ppo as ppo_agent
 from jaxwm.agents.ppo import config_block as ppo_block
-from jaxwm.config import base_config
+from jaxwm.config import base_config, prefixed
+from jaxwm.nets import actor_critic
 from jaxwm.nets.actor_critic import config_block as network_block
 
-VARIANTS = ("cartpole", "atari", "mujoco", "minigrid", "cartpole_masked", "cartpole_masked_tuned",
-            "cartpole_masked_transformer", "lunarlander_masked", "mujoco_memory", "tiny")
+SUMMARIES = {
+    "cartpole": "CartPole-v1 in ~200k steps: the quick default",
+    "atari": "Atari (Breakout), CleanRL's ppo_atari_envpool settings",
+    "mujoco": "MuJoCo (HalfCheetah), CleanRL's ppo_continuous_action settings",
+    "minigrid": "MiniGrid DoorKey-5x5 on the symbolic grid, tuned for a quick solve",
+    "cartpole_masked": "CartPole without velocities, BenchNetRL's settings",
+    "cartpole_masked_tuned": "Masked CartPole, RL Zoo's tuned recurrent PPO: solves in 200k",
+    "cartpole_masked_transformer": "Masked CartPole, MarcoMeter's TrXL settings: GTrXL solves in 500k",
+    "lunarlander_masked": "LunarLander without velocities, BenchNetRL's settings",
+    "mujoco_memory": "MuJoCo with a memory backbone: BenchNetRL's defaults, 8 envs",
+    "tiny": "Every code path in seconds: the contract suite's",
+}
+VARIANTS = tuple(SUMMARIES)
+FIELDS = {
+    **prefixed("ppo", ppo_agent.FIELDS),
+    "ppo.anneal_env_steps": (">= 0", "Env steps the rate anneals over (total_env_steps); 0: none."),
+    **prefixed("network", actor_critic.FIELDS),
+}
 
 
 def memory_sizes(width: int, trxl: dict, state: int, headdim: int) -> dict:

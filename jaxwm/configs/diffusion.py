@@ -1,11 +1,11 @@
 """Diffusion Policy on demonstrations (jaxwm/algos/diffusion.py). Launch:
-python -m jaxwm.train --config=configs/diffusion.py:pendulum  # makes its demonstrations if missing
-python -m jaxwm.train --config=configs/diffusion.py:pendulum --config.diffusion.horizon=16 \
+python -m jaxwm.train --config=diffusion:pendulum  # makes its demonstrations if missing
+python -m jaxwm.train --config=diffusion:pendulum --config.diffusion.horizon=16 \
     --config.diffusion.action_steps=8 --config.diffusion.sampler=ddim \
     --config.diffusion.inference_steps=10
-python -m jaxwm.train --config=configs/diffusion.py:pendulum --config.diffusion.model=mlp  # MLP-BC
-python -m jaxwm.train --config=configs/diffusion.py:reacher   # MuJoCo in minutes on a CPU
-python -m jaxwm.train --config=configs/diffusion.py:mujoco --config.env.id=Hopper-v4 \
+python -m jaxwm.train --config=diffusion:pendulum --config.diffusion.model=mlp  # MLP-BC
+python -m jaxwm.train --config=diffusion:reacher   # MuJoCo in minutes on a CPU
+python -m jaxwm.train --config=diffusion:mujoco --config.env.id=Hopper-v4 \
     --config.dataset=data/hopper-expert.hdf5
 
 Settings follow the reference's state-input U-Net (real-stanford/diffusion_policy,
@@ -25,10 +25,19 @@ makes when missing (about 5 minutes).
 
 import ml_collections
 
+from jaxwm.agents import diffusion_policy
 from jaxwm.agents.diffusion_policy import config_block
-from jaxwm.config import base_config
+from jaxwm.config import base_config, prefixed
+from jaxwm.configs.mopo import DATA_FIELDS
 
-VARIANTS = ("pendulum", "reacher", "mujoco", "tiny")
+SUMMARIES = {
+    "pendulum": "Pendulum-v1 at CPU sizes on 20k SAC-expert steps it makes",
+    "reacher": "Reacher-v4 at CPU sizes, 8 actions per plan, 100k expert steps",
+    "mujoco": "Hopper-v4 with Chi et al. 2023's state U-Net settings as they are",
+    "tiny": "Every code path in seconds: the contract suite's",
+}
+VARIANTS = tuple(SUMMARIES)
+FIELDS = {**DATA_FIELDS, **prefixed("diffusion", diffusion_policy.FIELDS)}
 
 
 def get_config(variant: str = "pendulum") -> ml_collections.ConfigDict:

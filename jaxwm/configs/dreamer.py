@@ -1,10 +1,10 @@
 """DreamerV3 (jaxwm/algos/dreamer.py). Launch:
 
-python -m jaxwm.train --config=configs/dreamer.py:debug          # a minute on a CPU
-python -m jaxwm.train --config=configs/dreamer.py:cartpole       # size1m, vector CartPole
-python -m jaxwm.train --config=configs/dreamer.py:atari100k --config.env.id=Pong-v5
-python -m jaxwm.train --config=configs/dreamer.py:dmc_proprio --config.env.id=WalkerWalk-v1
-python -m jaxwm.train --config=configs/dreamer.py:dmc_vision --config.env.id=CheetahRun-v1
+python -m jaxwm.train --config=dreamer:debug          # a minute on a CPU
+python -m jaxwm.train --config=dreamer:cartpole       # size1m, vector CartPole
+python -m jaxwm.train --config=dreamer:atari100k --config.env.id=Pong-v5
+python -m jaxwm.train --config=dreamer:dmc_proprio --config.env.id=WalkerWalk-v1
+python -m jaxwm.train --config=dreamer:dmc_vision --config.env.id=CheetahRun-v1
 
 Values follow the official danijar/dreamerv3 ``configs.yaml`` (checked against it): batch
 16 x 64, lr 4e-5, AGC 0.3, warm-up 1000, imagination 15, horizon 333 (gamma 1 - 1/333),
@@ -37,10 +37,34 @@ The train phase's hooks are derived from ``train_ratio`` (``collect:M, update_mo
 
 import ml_collections
 
+from jaxwm.agents import components
+from jaxwm.agents import dreamer as dreamer_agent
 from jaxwm.agents.dreamer import config_block
-from jaxwm.config import base_config
+from jaxwm.config import base_config, prefixed
 
-VARIANTS = ("debug", "cartpole", "atari100k", "dmc_proprio", "dmc_vision", "crafter", "tiny")
+SUMMARIES = {
+    "debug": "Every code path in a minute on a CPU: CartPole, tiny widths",
+    "cartpole": "size1m on vector CartPole within 50k steps on a CPU (learning test)",
+    "atari100k": "Atari 100k (Hafner et al. 2023): 12m, train ratio 256",
+    "dmc_proprio": "DMC proprioception: size1m, 16 envs, train ratio 1024",
+    "dmc_vision": "DMC from 64x64 pixels only: 16 envs, train ratio 256",
+    "crafter": "Crafter: 1 env, train ratio 512",
+    "tiny": "The contract suite's: debug's sizes in a few seconds",
+}
+VARIANTS = tuple(SUMMARIES)
+# ``config.components`` (jaxwm/agents/components.py), here and in jaxwm/configs/pairing.py.
+COMPONENTS_FIELDS = {
+    "components.world_model": ("{" + ", ".join(components.WORLD_MODELS) + "}",
+                               "The world model this wiring trains: rssm (DreamerV3's) or tdmpc2."),
+    "components.agent": ("{" + ", ".join(components.AGENTS) + "}",
+                         "What acts in the model: imagination actor-critic, mppi or cmaes."),
+}
+FIELDS = {
+    **prefixed("dreamer", dreamer_agent.FIELDS),
+    **COMPONENTS_FIELDS,
+    "model_size": (dreamer_agent.FIELDS["model_size"][0],
+                   "DreamerV3's model size: one setting with dreamer.model_size."),
+}
 
 
 def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
@@ -48,7 +72,7 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
         raise ValueError(f"Unknown dreamer variant {variant!r}; choose one of {VARIANTS}.")
     c = base_config()
     c.algo = "dreamer"
-    # DreamerV3's components; configs/pairing.py pairs others (jaxwm/agents/components.py).
+    # DreamerV3's components; jaxwm/configs/pairing.py pairs others (jaxwm/agents/components.py).
     c.components = ml_collections.ConfigDict({"world_model": "rssm", "agent": "imagination"})
     c.env.num_envs = 1
     c.eval.num_envs = 4

@@ -1,6 +1,6 @@
 """Online SAC (jaxwm/algos/sac.py). Launch:
-python -m jaxwm.train --config=configs/sac.py:pendulum
-python -m jaxwm.train --config=configs/sac.py:mujoco --config.env.id=HalfCheetah-v4
+python -m jaxwm.train --config=sac:pendulum
+python -m jaxwm.train --config=sac:mujoco --config.env.id=HalfCheetah-v4
 
 Phases: ``warmup`` collects ``sac.learning_starts`` uniformly random steps; ``train`` cycles
 collect -> update_agent with ``sac.updates_per_step`` updates per env step. Sizes follow
@@ -12,10 +12,17 @@ updates then follow) keeps the host loop out of the way; SAC's usual is one.
 
 import ml_collections
 
+from jaxwm.agents import sac
 from jaxwm.agents.sac import config_block as sac_block
-from jaxwm.config import base_config
+from jaxwm.config import base_config, prefixed
 
-VARIANTS = ("pendulum", "mujoco", "tiny")
+SUMMARIES = {
+    "pendulum": "Pendulum-v1 in 20k steps, Haarnoja et al. 2018's sizes",
+    "mujoco": "MuJoCo (HalfCheetah), 1M steps: Haarnoja et al. 2018's SAC",
+    "tiny": "Every code path in seconds: the contract suite's",
+}
+VARIANTS = tuple(SUMMARIES)
+FIELDS = prefixed("sac", sac.FIELDS)
 
 
 def get_config(variant: str = "pendulum") -> ml_collections.ConfigDict:

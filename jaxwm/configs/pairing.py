@@ -1,9 +1,9 @@
 """Pairings of world models and agents that none of the five original systems has
 (jaxwm/agents/components.py; wired by jaxwm/algos/dreamer.py). Launch:
 
-python -m jaxwm.train --config=configs/pairing.py:rssm_mppi            # Pendulum, minutes
-python -m jaxwm.train --config=configs/pairing.py:tdmpc2_imagination   # Pendulum, minutes
-python -m jaxwm.train --config=configs/pairing.py:rssm_cmaes           # CartPole, minutes
+python -m jaxwm.train --config=pairing:rssm_mppi            # Pendulum, minutes
+python -m jaxwm.train --config=pairing:tdmpc2_imagination   # Pendulum, minutes
+python -m jaxwm.train --config=pairing:rssm_cmaes           # CartPole, minutes
 
 * ``rssm_mppi``: MPPI planning in DreamerV3's RSSM, as TD-MPC2 plans in its latent model:
   candidates scored by their imagined rewards plus the critic's value at their last state,
@@ -22,14 +22,45 @@ the contract suite's forms (tests/test_contract.py).
 
 import ml_collections
 
+from jaxwm.agents import dreamer as dreamer_agent
+from jaxwm.agents import tdmpc2 as tdmpc2_agent
 from jaxwm.agents.dreamer import config_block as dreamer_block
 from jaxwm.agents.tdmpc2 import config_block as tdmpc2_block
-from jaxwm.config import base_config
+from jaxwm.config import base_config, prefixed
+from jaxwm.configs.dreamer import COMPONENTS_FIELDS
+from jaxwm.configs.worldmodels import CMAES_FIELDS
 
 PAIRINGS = {"rssm_mppi": ("rssm", "mppi", "Pendulum-v1"),
             "tdmpc2_imagination": ("tdmpc2", "imagination", "Pendulum-v1"),
             "rssm_cmaes": ("rssm", "cmaes", "CartPole-v1")}
-VARIANTS = tuple(PAIRINGS) + tuple(f"tiny_{name}" for name in PAIRINGS)
+ABOUT = {"rssm_mppi": "MPPI planning in DreamerV3's RSSM, the actor-critic as DreamerV3's",
+         "tdmpc2_imagination": "DreamerV3's actor-critic in TD-MPC2's latent model (REINFORCE)",
+         "rssm_cmaes": "A linear controller evolved by CMA-ES inside the RSSM"}
+SUMMARIES = {**{name: ABOUT[name] for name in PAIRINGS},
+             **{f"tiny_{name}": f"The contract suite's form of {name}" for name in PAIRINGS}}
+VARIANTS = tuple(SUMMARIES)
+# The tdmpc2 block's settings that its latent model reads (components.tdmpc2_model).
+TDMPC2_KEYS = ("model_size", "episodic", "rho", "consistency_coef", "reward_coef",
+               "termination_coef")
+# Each block is described where its defaults are: dreamer's and tdmpc2's in their agents,
+# components' in jaxwm/configs/dreamer.py, cmaes's in jaxwm/configs/worldmodels.py; mppi's
+# (agents.mppi.MPPIHyper, sized here) shares TD-MPC2's planner's descriptions.
+FIELDS = {
+    **prefixed("dreamer", dreamer_agent.FIELDS),
+    **prefixed("tdmpc2", {key: tdmpc2_agent.FIELDS[key] for key in TDMPC2_KEYS}),
+    **COMPONENTS_FIELDS,
+    **prefixed("mppi", {
+        "horizon": ("> 0", "Steps of MPPI's plans in the world model."),
+        "iterations": ("> 0", "MPPI rounds per step."),
+        **{key: tdmpc2_agent.FIELDS[key] for key in (
+            "num_samples", "num_elites", "num_pi_trajs", "temperature", "min_std", "max_std")},
+        "envs_per_batch": (">= 0", "Envs planned at once, the rest in turn; 0: all at once."),
+    }),
+    **prefixed("cmaes", {
+        **CMAES_FIELDS,
+        "start_batch": ("> 0", "Replayed sequences whose model states start the dreams."),
+    }),
+}
 # DreamerV3's size1m with narrower layers: seconds per hundred updates on 2 cores.
 SMALL = dict(deter=128, hidden=64, classes=8, units=64, depth=4)
 TINY = dict(deter=8, hidden=8, classes=4, units=8, depth=2)
@@ -58,8 +89,7 @@ def get_config(variant: str = "rssm_mppi") -> ml_collections.ConfigDict:
     # Every component's block, so that any other pairing is a command line away
     # (--config.components.agent=...); each is read only by the components it names.
     block = tdmpc2_block(model_size=1, episodic=False)  # the latent model's settings
-    c.tdmpc2 = ml_collections.ConfigDict({k: block[k] for k in (
-        "model_size", "episodic", "rho", "consistency_coef", "reward_coef", "termination_coef")})
+    c.tdmpc2 = ml_collections.ConfigDict({k: block[k] for k in TDMPC2_KEYS})
     if world_model == "tdmpc2":
         c.dreamer.batch_size = 8 if tiny else 64
         # On Pendulum (benchmarks/results/learning_cpu.md, "Pairings"): at train ratio 32

@@ -1,5 +1,5 @@
 """Model-based random shooting on Pendulum. Launch:
-python -m jaxwm.train --config=configs/mbrs.py:pendulum
+python -m jaxwm.train --config=mbrs:pendulum
 
 Phases: ``warmup`` collects random transitions; ``train`` cycles collect -> update_model ->
 imagine -> update_agent (see jaxwm/algos/mbrs.py). Sizes are chosen for a 2-core CPU.
@@ -9,7 +9,29 @@ import ml_collections
 
 from jaxwm.config import base_config
 
-VARIANTS = ("pendulum", "tiny")
+SUMMARIES = {
+    "pendulum": "Random-shooting MPC (Nagabandi et al. 2018) on Pendulum, CPU sizes",
+    "tiny": "Every code path in seconds: the contract suite's",
+}
+VARIANTS = tuple(SUMMARIES)
+# The ``mbrs`` block (below, in get_config): the planner (jaxwm/agents/shooting.py) and its
+# dynamics model (jaxwm/models/dynamics.py).
+FIELDS = {
+    "mbrs.warmup_steps": ("> 0", "Env steps of uniformly random actions before planning."),
+    "mbrs.steps_per_collect": ("> 0", "Steps each env takes per collect."),
+    "mbrs.capacity": ("> 0", "Transitions the replay holds (at least warmup_steps)."),
+    "mbrs.hidden": ("> 0", "Widths of the dynamics MLP's layers (Nagabandi et al. 2018)."),
+    "mbrs.learning_rate": ("> 0", "Adam's learning rate of the dynamics model."),
+    "mbrs.batch_size": ("> 0", "Transitions per model update."),
+    "mbrs.model_updates_per_call": ("> 0", "Model updates per update_model call."),
+    "mbrs.normalizer_samples": ("> 0", "Replay samples the model's normalisers are refit on."),
+    "mbrs.horizon": ("> 0", "Steps each candidate action sequence is imagined for."),
+    "mbrs.num_candidates": (">= 2", "Action sequences per plan: half uniform, half the prior's."),
+    "mbrs.num_elites": ("> 0", "Best imagined sequences per state the prior moves toward (CEM)."),
+    "mbrs.imagine_batch": ("> 0", "Replay states planned from per imagine call."),
+    "mbrs.prior_momentum": ("[0, 1)", "Share of the old prior kept at each CEM step."),
+    "mbrs.prior_min_std": (">= 0", "Floor on the prior's std, in action units."),
+}
 
 
 def get_config(variant: str = "pendulum") -> ml_collections.ConfigDict:

@@ -1,8 +1,8 @@
 """SimPLe / MBARC (jaxwm/algos/simple.py). Launch:
 
-python -m jaxwm.train --config=configs/simple.py:tiny           # every hook and phase in ~1 min on a CPU
-python -m jaxwm.train --config=configs/simple.py:atari100k --config.env.id=Freeway-v5 --config.strategy=mbarc
-python -m jaxwm.train --config=configs/simple.py:atari100k --config.env.id=Pong-v5 \
+python -m jaxwm.train --config=simple:tiny           # every hook and phase in ~1 min on a CPU
+python -m jaxwm.train --config=simple:atari100k --config.env.id=Freeway-v5 --config.strategy=mbarc
+python -m jaxwm.train --config=simple:atari100k --config.env.id=Pong-v5 \
     --config.strategy=online --config.stochastic=False
 
 ``atari100k`` follows MBARC's defaults (thomas-schillaci/mbarc_atari, ``mbarc/__main__.py``),
@@ -27,14 +27,63 @@ network is jaxwm's Nature CNN (MBARC's third convolution has 32 filters, not 64)
 
 import ml_collections
 
+from jaxwm.agents import ppo as ppo_agent
 from jaxwm.agents.ppo import config_block as ppo_block
-from jaxwm.config import base_config
+from jaxwm.config import base_config, prefixed
+from jaxwm.models import nextframe
+from jaxwm.nets import actor_critic
 from jaxwm.nets.actor_critic import config_block as network_block
+from jaxwm.ops import reward_balance
 
-VARIANTS = ("atari100k", "tiny")
+SUMMARIES = {
+    "atari100k": "Atari 100k as MBARC's defaults (SimPLe, Kaiser et al. 2020)",
+    "tiny": "Every hook and phase in a minute on a CPU; deterministic model",
+}
+VARIANTS = tuple(SUMMARIES)
 # Reward-head steps per epoch of each strategy (MBARC's).
 REWARD_STEPS = {"class_balanced": 450, "square_root": 475, "progressively_balanced": 1000,
                 "mbarc": 1500}
+STRATEGIES = "{" + ", ".join(reward_balance.STRATEGIES) + "}"
+SIMPLE_FIELDS = {  # simple_block's
+    "model_size": ("{" + ", ".join(nextframe.SIZES) + "}",
+                   "Next-frame model size: full (~69M parameters, MBARC's), small, tiny."),
+    "reward_head": ("{" + ", ".join(nextframe.REWARD_HEADS) + "}",
+                    "Reward head: mbarc (MBARC's conv head) or simple (SimPLe's pooled MLP)."),
+    "strategy": (STRATEGIES, "How the reward head's samples are drawn (MBARC's strategies)."),
+    "stochastic": (None, "The world model's discrete latent on (SimPLe's) or off."),
+    "focal_loss": (None, "online only: class-balanced focal loss instead of cross-entropy."),
+    "frames": ("> 0", "Frames stacked as the model's input (= env.frame_stack)."),
+    "random_steps": ("> 0", "Random-action env steps before the first epoch."),
+    "collect_per_epoch": ("> 0", "Env steps of the policy collected per epoch."),
+    "collect_steps": ("> 0", "Env steps of each env per collect call."),
+    "epochs": ("> 0", "Epochs of collect, model, reward head, agent."),
+    "batch_size": ("> 0", "Replayed windows per world-model update."),
+    "rollout_length": ("> 0", "Steps per world-model training rollout (one optimiser step each)."),
+    "model_steps_first": ("> 0", "World-model optimiser steps in epoch 0."),
+    "model_steps": ("> 0", "World-model optimiser steps in each later epoch."),
+    "scheduled_sampling_steps": ("> 0", "Model steps over which feeding it real frames decays to 0."),
+    "input_noise": ("[0, 1]", "Probability of each input value being replaced by the median."),
+    "value_gamma": ("[0, 1]", "Discount of the replay's returns the value head learns."),
+    "reward_steps.*": ("> 0", "Reward-head steps per epoch of this strategy."),
+    "reward_steps_per_call": ("> 0", "Reward-head steps per update_reward call."),
+    "reward_batch_size": ("> 0", "Transitions per reward-head step."),
+    "balance_stages": ("> 0", "progressively_balanced: stages from uniform to balanced."),
+    "mbarc_masses": ("[0, 1]", "mbarc: sampling masses of its three groups (sum 1)."),
+    "agent_iterations": ("> 0", "PPO iterations in the simulator per epoch."),
+    "agent_multipliers.*": ("> 0", "Multiplier of agent_iterations at this epoch."),
+    "frame_mode": ("{argmax, sample}", "How the simulator picks its next frame."),
+    "sim.num_agents": ("> 0", "Agents acting in the simulator per PPO iteration."),
+    "report_length": ("> 0", "Steps of each open-loop prediction report."),
+    "report_batch": ("> 0", "Windows per open-loop prediction report."),
+    "evaluate_each_epoch": (None, "Evaluate in the real env at the end of each epoch."),
+}
+FIELDS = {
+    **prefixed("simple", SIMPLE_FIELDS),
+    **prefixed("ppo", ppo_agent.FIELDS),
+    **prefixed("network", actor_critic.FIELDS),
+    "strategy": (STRATEGIES, "simple.strategy: one setting, either sets both."),
+    "stochastic": (None, "simple.stochastic: one setting, either sets both."),
+}
 
 
 def simple_block(**overrides) -> ml_collections.ConfigDict:

@@ -1,9 +1,9 @@
 """Offline model-based RL: MOPO and GORMPO (jaxwm/algos/mopo.py). Launch:
-python -m jaxwm.train --config=configs/mopo.py:pendulum_tiny        # minutes on a CPU
-python -m jaxwm.train --config=configs/mopo.py:hopper_medium --config.dataset=data/hopper-medium.hdf5
-python -m jaxwm.train --config=configs/mopo.py:hopper_medium --config.algo=gormpo \
+python -m jaxwm.train --config=mopo:pendulum_tiny        # minutes on a CPU
+python -m jaxwm.train --config=mopo:hopper_medium --config.dataset=data/hopper-medium.hdf5
+python -m jaxwm.train --config=mopo:hopper_medium --config.algo=gormpo \
     --config.penalty=tanh --config.penalty_coef=0.5
-python -m jaxwm.train --config=configs/mopo.py:halfcheetah_medium \
+python -m jaxwm.train --config=mopo:halfcheetah_medium \
     --config.dataset=~/.d4rl/datasets/halfcheetah_medium-v2.hdf5
 
 Phases: (GORMPO only) ``density`` fits the RealNVP density on the dataset's rows epoch by
@@ -36,8 +36,9 @@ makes (``jaxwm.tools.make_dataset``, about two minutes) when the file is missing
 
 import ml_collections
 
+from jaxwm.agents import sac
 from jaxwm.agents.sac import config_block as sac_block
-from jaxwm.config import base_config
+from jaxwm.config import base_config, prefixed
 
 ENV_IDS = {"hopper": "Hopper-v4", "halfcheetah": "HalfCheetah-v4", "walker2d": "Walker2d-v4"}
 # MOPO's rollout horizon h and penalty lambda per D4RL dataset (Yu et al. 2020,
@@ -58,7 +59,52 @@ DATASETS["pendulum_tiny"] = ("Pendulum-v1", "data/pendulum-medium.hdf5", 5, 1.0)
 SMOKE = {"tiny": "mopo", "tiny_gormpo": "gormpo"}
 DATASETS.update({name: ("Pendulum-v1", "data/pendulum-random-tiny.hdf5", 2, 1.0)
                  for name in SMOKE})
-VARIANTS = tuple(DATASETS)
+SUMMARIES = {
+    **{name: f"D4RL {name.replace('_', '-')}, Yu et al. 2020's h {h}, lambda {lam}"
+       for name, (h, lam) in HORIZON_LAMBDA.items()},
+    "pendulum_tiny": "MOPO at CPU sizes on a Pendulum medium dataset it makes (minutes)",
+    "tiny": "Every MOPO code path in seconds: the contract suite's",
+    "tiny_gormpo": "Every GORMPO code path in seconds: the contract suite's",
+}
+VARIANTS = tuple(SUMMARIES)
+# The offline data's settings, which jaxwm/configs/diffusion.py shares.
+DATA_FIELDS = {
+    "dataset": (None, "The offline data: a D4RL-format HDF5 file or a Minari dataset."),
+    "dataset_make.level": ("{, random, medium, medium-replay, expert, medium-expert}",
+                           "D4RL level jaxwm's SAC makes a missing dataset at; '': never."),
+    "dataset_make.size": ("> 0", "Transitions of a made dataset."),
+    "dataset_make.train_steps": ("> 0", "Env steps the SAC behind a made dataset trains for."),
+}
+FIELDS = {
+    **DATA_FIELDS,
+    "penalty": ("{, uncertainty, linear, inverse, tanh, softplus}",
+                "Reward penalty: mopo's uncertainty or gormpo's density shapes; '': the algo's."),
+    "penalty_coef": (">= 0", "lambda, the penalty's weight: r - lambda * u (Yu et al. 2020)."),
+    "mopo.num_members": ("> 0", "Members of the dynamics ensemble (OfflineRL-Kit's 7)."),
+    "mopo.num_elites": ("> 0", "Members with the best held-out MSE that rollouts sample."),
+    "mopo.model_hidden": ("> 0", "Widths of each member's Swish layers."),
+    "mopo.weight_decay": (">= 0", "L2 weight decay of each layer, the output's last."),
+    "mopo.model_lr": ("> 0", "Adam's learning rate of the ensemble."),
+    "mopo.model_init": ("{flax, kit}", "Initial weights: nn.Dense's or OfflineRL-Kit's."),
+    "mopo.model_batch": ("> 0", "Transitions per ensemble update."),
+    "mopo.model_patience": ("> 0", "Epochs without any member improving that end the model phase."),
+    "mopo.horizon": ("> 0", "Steps of each model rollout, h (Yu et al. 2020)."),
+    "mopo.rollout_batch": ("> 0", "Dataset states each imagine call rolls out from."),
+    "mopo.retain_epochs": ("> 0", "Rollout batches the model buffer keeps."),
+    "mopo.real_ratio": ("[0, 1]", "Share of dataset transitions in each SAC batch."),
+    "mopo.updates_per_epoch": ("> 0", "SAC updates per update_agent call (one epoch)."),
+    "mopo.actor_lr_cosine": (None, "Cosine-anneal the actor's lr to 0 over the policy phase."),
+    **prefixed("sac", sac.FIELDS),
+    "gormpo.num_couplings": ("> 0", "Affine coupling layers of the RealNVP (Dinh et al. 2017)."),
+    "gormpo.hidden": ("> 0", "Widths of each coupling's scale and shift MLPs."),
+    "gormpo.learning_rate": ("> 0", "Adam's learning rate of the density."),
+    "gormpo.batch_size": ("> 0", "Rows per density update."),
+    "gormpo.max_epochs": ("> 0", "Cap on the density's epochs (the density phase)."),
+    "gormpo.patience": ("> 0", "Epochs without a better validation NLL that end the fit."),
+    "gormpo.threshold_quantile": ("[0, 1]", "Quantile of validation log-probs taken as tau."),
+    "gormpo.score_next_state": (None, "Score and fit on (s', a), as the reference, not (s, a)."),
+    "gormpo.density_seed": (">= 0", "Seed of the density's split and init: one per dataset."),
+}
 
 
 def get_config(variant: str = "pendulum_tiny") -> ml_collections.ConfigDict:

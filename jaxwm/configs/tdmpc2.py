@@ -1,11 +1,11 @@
 """TD-MPC2 (jaxwm/algos/tdmpc2.py). Launch:
 
-python -m jaxwm.train --config=configs/tdmpc2.py:dmc --config.env.id=CheetahRun-v1
-python -m jaxwm.train --config=configs/tdmpc2.py:dmc --config.model_size=1 --config.env.id=CartpoleSwingup-v1
-python -m jaxwm.train --config=configs/tdmpc2.py:mujoco --config.env.id=Hopper-v4
-python -m jaxwm.train --config=configs/tdmpc2.py:pendulum  # the 1M model learns Pendulum on a CPU
-python -m jaxwm.train --config=configs/tdmpc2.py:tiny      # every hook and phase (minutes)
-python -m jaxwm.train --config=configs/tdmpc2.py:tiny \
+python -m jaxwm.train --config=tdmpc2:dmc --config.env.id=CheetahRun-v1
+python -m jaxwm.train --config=tdmpc2:dmc --config.model_size=1 --config.env.id=CartpoleSwingup-v1
+python -m jaxwm.train --config=tdmpc2:mujoco --config.env.id=Hopper-v4
+python -m jaxwm.train --config=tdmpc2:pendulum  # the 1M model learns Pendulum on a CPU
+python -m jaxwm.train --config=tdmpc2:tiny      # every hook and phase (minutes)
+python -m jaxwm.train --config=tdmpc2:tiny \
     --config.env.id=CartpoleBalance-v1 --config.tdmpc2.horizon=5
 
 The algorithm's settings live under ``config.tdmpc2`` (the reference's ``config.yaml``:
@@ -24,10 +24,22 @@ targets cut at each transition's own termination.
 
 import ml_collections
 
+from jaxwm.agents import tdmpc2 as tdmpc2_agent
 from jaxwm.agents.tdmpc2 import config_block
-from jaxwm.config import base_config
+from jaxwm.config import base_config, prefixed
 
-VARIANTS = ("dmc", "mujoco", "pendulum", "tiny")
+SUMMARIES = {
+    "dmc": "DMC with the reference's settings: 5M model, action repeat 2",
+    "mujoco": "MuJoCo tasks that end (Hopper, Walker): a termination head",
+    "pendulum": "The 1M model learns Pendulum in minutes on a CPU",
+    "tiny": "The contract suite's: every hook and phase in a minute",
+}
+VARIANTS = tuple(SUMMARIES)
+FIELDS = {
+    **prefixed("tdmpc2", tdmpc2_agent.FIELDS),
+    "model_size": (tdmpc2_agent.FIELDS["model_size"][0],
+                   "Model size, millions of parameters: one setting with tdmpc2.model_size."),
+}
 
 
 def get_config(variant: str = "dmc") -> ml_collections.ConfigDict:
