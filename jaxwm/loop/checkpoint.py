@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -291,10 +292,21 @@ class Checkpointer:
         self._manager = self._open()
 
     def _open(self) -> ocp.CheckpointManager:
-        options = ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=not self._read_only,
-                                               read_only=self._read_only)
         handlers = {"algo": ocp.StandardCheckpointHandler(), "loop": ocp.JsonCheckpointHandler()}
-        return ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+        if not self._read_only:
+            options = ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=True)
+            return ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+        # Read-only: nothing saved, rotated or created. orbax logs a warning that it is so
+        # (three lines per load); that is what was asked, so they are held back.
+        options = ocp.CheckpointManagerOptions(read_only=True, create=False, max_to_keep=None,
+                                               save_interval_steps=0)
+        absl_logger = logging.getLogger("absl")
+        level = absl_logger.level
+        absl_logger.setLevel(logging.ERROR)
+        try:
+            return ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+        finally:
+            absl_logger.setLevel(level)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
