@@ -173,19 +173,20 @@ class TrainedAgent:
         return metrics
 
     def _check_same_spaces(self, other) -> None:
-        def spaces(spec):
-            bounds = None if spec.discrete else (tuple(np.asarray(spec.action_low).ravel()),
-                                                  tuple(np.asarray(spec.action_high).ravel()))
-            return (tuple(spec.obs_shape), np.dtype(spec.obs_dtype), spec.discrete,
-                    spec.num_actions, tuple(spec.action_shape), bounds)
+        def spaces(spec) -> dict:
+            box = None if spec.discrete else (np.asarray(spec.action_low).ravel().tolist(),
+                                               np.asarray(spec.action_high).ravel().tolist())
+            return {"observations": tuple(spec.obs_shape),
+                    "observation dtype": str(np.dtype(spec.obs_dtype)),
+                    "actions": spec.num_actions if spec.discrete else tuple(spec.action_shape),
+                    "action bounds": box}
 
-        if spaces(self.spec) != spaces(other):
+        ours, theirs = spaces(self.spec), spaces(other)
+        differ = [f"{what} {theirs[what]} vs {ours[what]}" for what in ours
+                  if theirs[what] != ours[what]]
+        if differ:
             raise LoadError(f"{other.env_id} has other spaces than {self.spec.env_id}, which "
-                            f"this agent was trained on (observations {other.obs_shape} vs "
-                            f"{self.spec.obs_shape}, actions "
-                            f"{other.num_actions or other.action_shape} vs "
-                            f"{self.spec.num_actions or self.spec.action_shape}, and their "
-                            "dtypes and action bounds).")
+                            f"this agent was trained on: {'; '.join(differ)}.")
 
 
 def load(workdir: str, step: int | None = None, *, seed: int = 0) -> TrainedAgent:
