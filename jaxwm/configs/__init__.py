@@ -91,7 +91,7 @@ def listing() -> str:
     lines = []
     for name in names():
         module = _module(name)
-        title = module.__doc__.strip().splitlines()[0].removesuffix(" Launch:").rstrip(".")
+        title = module.__doc__.strip().splitlines()[0].split(" Launch:")[0].rstrip(".")
         lines.append(f"{name}  ({title})")
         for variant in module.VARIANTS:
             config = module.get_config(variant)

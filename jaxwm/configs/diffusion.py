@@ -1,11 +1,11 @@
 """Diffusion Policy on demonstrations (jaxwm/algos/diffusion.py). Launch:
-python -m jaxwm.train --config=diffusion:pendulum  # makes its demonstrations if missing
-python -m jaxwm.train --config=diffusion:pendulum --config.diffusion.horizon=16 \
+jaxwm train --config=diffusion:pendulum  # makes its demonstrations if missing
+jaxwm train --config=diffusion:pendulum --config.diffusion.horizon=16 \
     --config.diffusion.action_steps=8 --config.diffusion.sampler=ddim \
     --config.diffusion.inference_steps=10
-python -m jaxwm.train --config=diffusion:pendulum --config.diffusion.model=mlp  # MLP-BC
-python -m jaxwm.train --config=diffusion:reacher   # MuJoCo in minutes on a CPU
-python -m jaxwm.train --config=diffusion:mujoco --config.env.id=Hopper-v4 \
+jaxwm train --config=diffusion:pendulum --config.diffusion.model=mlp  # MLP-BC
+jaxwm train --config=diffusion:reacher   # MuJoCo in minutes on a CPU
+jaxwm train --config=diffusion:mujoco --config.env.id=Hopper-v4 \
     --config.dataset=data/hopper-expert.hdf5
 
 Settings follow the reference's state-input U-Net (real-stanford/diffusion_policy,

@@ -1,10 +1,10 @@
 """DreamerV3 (jaxwm/algos/dreamer.py). Launch:
 
-python -m jaxwm.train --config=dreamer:debug          # a minute on a CPU
-python -m jaxwm.train --config=dreamer:cartpole       # size1m, vector CartPole
-python -m jaxwm.train --config=dreamer:atari100k --config.env.id=Pong-v5
-python -m jaxwm.train --config=dreamer:dmc_proprio --config.env.id=WalkerWalk-v1
-python -m jaxwm.train --config=dreamer:dmc_vision --config.env.id=CheetahRun-v1
+jaxwm train --config=dreamer:debug          # a minute on a CPU
+jaxwm train --config=dreamer:cartpole       # size1m, vector CartPole
+jaxwm train --config=dreamer:atari100k --config.env.id=Pong-v5
+jaxwm train --config=dreamer:dmc_proprio --config.env.id=WalkerWalk-v1
+jaxwm train --config=dreamer:dmc_vision --config.env.id=CheetahRun-v1
 
 Values follow the official danijar/dreamerv3 ``configs.yaml`` (checked against it): batch
 16 x 64, lr 4e-5, AGC 0.3, warm-up 1000, imagination 15, horizon 333 (gamma 1 - 1/333),

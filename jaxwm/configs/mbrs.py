@@ -1,5 +1,5 @@
 """Model-based random shooting on Pendulum. Launch:
-python -m jaxwm.train --config=mbrs:pendulum
+jaxwm train --config=mbrs:pendulum
 
 Phases: ``warmup`` collects random transitions; ``train`` cycles collect -> update_model ->
 imagine -> update_agent (see jaxwm/algos/mbrs.py). Sizes are chosen for a 2-core CPU.

@@ -1,9 +1,9 @@
 """Offline model-based RL: MOPO and GORMPO (jaxwm/algos/mopo.py). Launch:
-python -m jaxwm.train --config=mopo:pendulum_tiny        # minutes on a CPU
-python -m jaxwm.train --config=mopo:hopper_medium --config.dataset=data/hopper-medium.hdf5
-python -m jaxwm.train --config=mopo:hopper_medium --config.algo=gormpo \
+jaxwm train --config=mopo:pendulum_tiny        # minutes on a CPU
+jaxwm train --config=mopo:hopper_medium --config.dataset=data/hopper-medium.hdf5
+jaxwm train --config=mopo:hopper_medium --config.algo=gormpo \
     --config.penalty=tanh --config.penalty_coef=0.5
-python -m jaxwm.train --config=mopo:halfcheetah_medium \
+jaxwm train --config=mopo:halfcheetah_medium \
     --config.dataset=~/.d4rl/datasets/halfcheetah_medium-v2.hdf5
 
 Phases: (GORMPO only) ``density`` fits the RealNVP density on the dataset's rows epoch by

@@ -1,9 +1,9 @@
 """Pairings of world models and agents that none of the five original systems has
 (jaxwm/agents/components.py; wired by jaxwm/algos/dreamer.py). Launch:
 
-python -m jaxwm.train --config=pairing:rssm_mppi            # Pendulum, minutes
-python -m jaxwm.train --config=pairing:tdmpc2_imagination   # Pendulum, minutes
-python -m jaxwm.train --config=pairing:rssm_cmaes           # CartPole, minutes
+jaxwm train --config=pairing:rssm_mppi            # Pendulum, minutes
+jaxwm train --config=pairing:tdmpc2_imagination   # Pendulum, minutes
+jaxwm train --config=pairing:rssm_cmaes           # CartPole, minutes
 
 * ``rssm_mppi``: MPPI planning in DreamerV3's RSSM, as TD-MPC2 plans in its latent model:
   candidates scored by their imagined rewards plus the critic's value at their last state,

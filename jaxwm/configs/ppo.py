@@ -1,4 +1,4 @@
-"""PPO configs. Launch: python -m jaxwm.train --config=ppo:<variant>
+"""PPO with BenchNetRL's memory backbones (jaxwm/algos/ppo.py). Launch: jaxwm train --config=ppo:<variant>
 
 Variants: cartpole (default; solves CartPole-v1 in ~200k steps), atari, mujoco, minigrid,
 the partially observable cartpole_masked and lunarlander_masked (velocities zeroed;

@@ -1,6 +1,6 @@
 """Online SAC (jaxwm/algos/sac.py). Launch:
-python -m jaxwm.train --config=sac:pendulum
-python -m jaxwm.train --config=sac:mujoco --config.env.id=HalfCheetah-v4
+jaxwm train --config=sac:pendulum
+jaxwm train --config=sac:mujoco --config.env.id=HalfCheetah-v4
 
 Phases: ``warmup`` collects ``sac.learning_starts`` uniformly random steps; ``train`` cycles
 collect -> update_agent with ``sac.updates_per_step`` updates per env step. Sizes follow

@@ -1,8 +1,8 @@
 """SimPLe / MBARC (jaxwm/algos/simple.py). Launch:
 
-python -m jaxwm.train --config=simple:tiny           # every hook and phase in ~1 min on a CPU
-python -m jaxwm.train --config=simple:atari100k --config.env.id=Freeway-v5 --config.strategy=mbarc
-python -m jaxwm.train --config=simple:atari100k --config.env.id=Pong-v5 \
+jaxwm train --config=simple:tiny           # every hook and phase in ~1 min on a CPU
+jaxwm train --config=simple:atari100k --config.env.id=Freeway-v5 --config.strategy=mbarc
+jaxwm train --config=simple:atari100k --config.env.id=Pong-v5 \
     --config.strategy=online --config.stochastic=False
 
 ``atari100k`` follows MBARC's defaults (thomas-schillaci/mbarc_atari, ``mbarc/__main__.py``),

@@ -1,11 +1,11 @@
 """TD-MPC2 (jaxwm/algos/tdmpc2.py). Launch:
 
-python -m jaxwm.train --config=tdmpc2:dmc --config.env.id=CheetahRun-v1
-python -m jaxwm.train --config=tdmpc2:dmc --config.model_size=1 --config.env.id=CartpoleSwingup-v1
-python -m jaxwm.train --config=tdmpc2:mujoco --config.env.id=Hopper-v4
-python -m jaxwm.train --config=tdmpc2:pendulum  # the 1M model learns Pendulum on a CPU
-python -m jaxwm.train --config=tdmpc2:tiny      # every hook and phase (minutes)
-python -m jaxwm.train --config=tdmpc2:tiny \
+jaxwm train --config=tdmpc2:dmc --config.env.id=CheetahRun-v1
+jaxwm train --config=tdmpc2:dmc --config.model_size=1 --config.env.id=CartpoleSwingup-v1
+jaxwm train --config=tdmpc2:mujoco --config.env.id=Hopper-v4
+jaxwm train --config=tdmpc2:pendulum  # the 1M model learns Pendulum on a CPU
+jaxwm train --config=tdmpc2:tiny      # every hook and phase (minutes)
+jaxwm train --config=tdmpc2:tiny \
     --config.env.id=CartpoleBalance-v1 --config.tdmpc2.horizon=5
 
 The algorithm's settings live under ``config.tdmpc2`` (the reference's ``config.yaml``:

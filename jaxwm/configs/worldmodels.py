@@ -1,11 +1,11 @@
 """World Models (jaxwm/algos/worldmodels.py; Ha & Schmidhuber 2018). Launch:
 
-python -m jaxwm.train --config=worldmodels:carracing
-python -m jaxwm.train --config=worldmodels:carracing \\
+jaxwm train --config=worldmodels:carracing
+jaxwm train --config=worldmodels:carracing \\
     --config.controller.train_in=dream --config.dream.temperature=1.15
-python -m jaxwm.train --config=worldmodels:carracing_cpu  # ~45 min on 2 CPU cores
-python -m jaxwm.train --config=worldmodels:tiny      # minutes on a CPU
-python -m jaxwm.train --config=worldmodels:tiny --config.controller.population=16
+jaxwm train --config=worldmodels:carracing_cpu  # ~45 min on 2 CPU cores
+jaxwm train --config=worldmodels:tiny      # minutes on a CPU
+jaxwm train --config=worldmodels:tiny --config.controller.population=16
 
 Phases, each with its own counter: ``collect`` (random rollouts, ``env_steps``) -> ``vae``
 (``vae_updates``) -> ``encode`` (every frame to its posterior, ``encoded_rows``) -> ``rnn``
