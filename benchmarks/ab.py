@@ -100,7 +100,12 @@ def measure(name: str, root: str, window: float) -> float:
     import jaxwm.config
 
     def load(spec, **overrides):
-        return jaxwm.config.load(os.path.join(root, spec), {"log.progress": False, **overrides})
+        # Trees from before configs were packaged (``algo:variant``) keep them as files.
+        algo, variant = spec.split(":")
+        old_file = os.path.join(root, "configs", f"{algo}.py")
+        if os.path.exists(old_file):
+            spec = f"{old_file}:{variant}"
+        return jaxwm.config.load(spec, {"log.progress": False, **overrides})
 
     if name in CHECKPOINTS:
         return checkpoint_seconds(name, load)
