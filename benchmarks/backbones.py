@@ -17,7 +17,10 @@ Mamba, Mamba-2), in a fresh process each so that peaks do not carry over:
 Settings: CartPole-v1 runs ``ppo:cartpole_masked`` (velocities zeroed; BenchNetRL's
 classic-control sizes), Breakout-v5 ``ppo:atari`` with BenchNetRL's Atari settings
 (16 envs, 8 minibatches, 1 frame except FF-4). Breakout adds ``mamba@256``, Mamba at the LSTM's
-hidden size, for the equal-size throughput goal. ``--seeds 1,4,8`` measures steps/s per seed
+hidden size, for the equal-size throughput goal. ``gymnax:Breakout-MinAtar`` (a JAX env) runs
+``ppo:minatar`` (PureJaxRL's MinAtar settings, the frames flattened) with collection and update
+one program, timed per call of 4 iterations; its ``update_mib`` is that whole program's.
+``--seeds 1,4,8`` measures steps/s per seed
 with ``--config.num_seeds`` (``--seed-backbone`` on the first env). The goals of the BenchNetRL
 issue are checked against benchmarks/REFERENCES.md and marked pass/fail. Writes ``<out>_<backend>.json``,
 ``.md`` and ``.png`` (bar charts like BenchNetRL's figures).
@@ -45,7 +48,11 @@ from common import RESULTS, block, hardware, median, parser, ppo_end_to_end, wri
 import jaxwm.config
 
 BACKBONES = ("ff1", "ff4", "lstm", "gru", "trxl", "gtrxl", "mamba", "mamba2")
-VARIANTS = {"CartPole-v1": "cartpole_masked", "Breakout-v5": "atari"}
+VARIANTS = {"CartPole-v1": "cartpole_masked", "Breakout-v5": "atari",
+            "gymnax:Breakout-MinAtar": "minatar"}
+# MinAtar in JAX (PureJaxRL's settings, ppo:minatar): collect and update one program, timed
+# per call of this many iterations.
+MINATAR = {"iterations_per_call": 4}
 # BenchNetRL's Atari runs: 16 envs, 8 minibatches, one frame (its "PPO-4" stacks four).
 ATARI = {"env.num_envs": 16, "ppo.num_minibatches": 8, "env.frame_stack": 1}
 # PyTorch, one thread, velocity-masked CartPole (benchmarks/REFERENCES.md, "Measured ... CPU").
@@ -63,6 +70,10 @@ def overrides_for(env_id: str, backbone: str, quick: bool) -> dict:
         o.update(ATARI)
         if name == "ff4":
             o["env.frame_stack"] = 4
+    elif VARIANTS[env_id] == "minatar":
+        o.update(MINATAR)
+        if name == "ff4":
+            o["network.frames"] = 4
     elif name == "ff4":
         o["network.frames"] = 4
     if size:
@@ -99,8 +110,12 @@ def update_memory_mib(algo, config, state) -> float:
                                                     ppo.resolve_loop_form("auto")),
                                     config.num_seeds), donate_argnums=0)
     key, _ = seeds.split(seeds.loop_key(0, config.num_seeds, config.env.num_envs))
-    state, passed, _ = algo.hooks["collect"].fn(state, {}, key)
-    analysis = update.lower(state.learner, passed["rollout"], key).compile().memory_analysis()
+    if "iterate" in algo.hooks:  # a JAX env: the whole call's program, env included
+        analysis = algo.hooks["iterate"].fn.lower(state, {}, key).compile().memory_analysis()
+    else:
+        state, passed, _ = algo.hooks["collect"].fn(state, {}, key)
+        analysis = update.lower(state.learner, passed["rollout"], key).compile() \
+            .memory_analysis()
     total = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
              + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes)
     return total / 2**20
@@ -311,7 +326,7 @@ def forwarded_args() -> list[str]:
 def main() -> None:
     args = parse_args()
     if args.row:
-        env_id, backbone, out = args.row.split(":", 2)
+        env_id, backbone, out = args.row.rsplit(":", 2)  # env ids may hold a colon
         row = measure_row(env_id, backbone, args)
         with open(out, "w") as f:
             json.dump(row, f)

@@ -141,7 +141,18 @@ def ppo_iteration(algo, state, key, timed: bool = True):
     """One collect + update_agent; returns ``(state, collect_s, update_s)``. ``timed``: each hook
     is timed between two waits (queued work drained before, results ready after); otherwise
     both are only dispatched, as the training loop does between its log windows, and the
-    times are None."""
+    times are None. On a JAX env PPO's one hook is ``iterate`` (collect and update in one
+    program, ``iterations_per_call`` of them): its call is ``collect_s``, ``update_s`` 0."""
+    if "iterate" in algo.hooks:
+        iterate = algo.hooks["iterate"].fn
+        if timed:
+            block(state)
+        start = time.perf_counter()
+        state, _, metrics = iterate(state, {}, key)
+        if not timed:
+            return state, None, None
+        block((state, metrics))
+        return state, time.perf_counter() - start, 0.0
     collect, update = algo.hooks["collect"].fn, algo.hooks["update_agent"].fn
     k1, k2 = seeds.split(key)
     if not timed:
@@ -185,7 +196,8 @@ def ppo_end_to_end(config, window_s: float, repeats: int, max_iterations: int,
         key, sub = seeds.split(key)
         state, c, u = ppo_iteration(algo, state, sub)  # sizes the window
         n = min(max_iterations, iterations_for(window_s, c + u))
-        steps_per_iteration = algo.hooks["collect"].counts["env_steps"]
+        steps_per_iteration = algo.hooks[
+            "iterate" if "iterate" in algo.hooks else "collect"].counts["env_steps"]
         sps, collect_s, update_s = [], [], []
         for _ in range(repeats):
             window = time.perf_counter()

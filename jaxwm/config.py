@@ -22,6 +22,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.total_env_steps = ml_collections.FieldReference(100_000)
     c.num_devices = 0  # 0: every device JAX sees
     c.num_seeds = 1  # > 1: that many independent agents in one process (jaxwm/loop/seeds.py)
+    # With a JAX env (gymnax:..., craftax:...): whole iterations one compiled call runs, so the
+    # host (logs, clocks, checkpoints) is visited once per that many (jaxwm/algos/ppo.py).
+    c.iterations_per_call = 1
 
     c.env = ml_collections.ConfigDict()
     c.env.id = "CartPole-v1"
@@ -32,6 +35,7 @@ def base_config() -> ml_collections.ConfigDict:
     # out of num_envs. 0: all envs, synchronously (jaxwm/envs/factory.py).
     c.env.batch_size = 0
     c.env.num_threads = 0  # envpool's worker threads; 0: its default (async: min(batch, cores))
+    c.env.flatten_obs = False  # MinAtar (gymnax): frames as one float vector (jaxwm/envs/native.py)
 
     c.phase_order = ("train",)
     c.phases = ml_collections.ConfigDict()
@@ -257,12 +261,15 @@ BASE_FIELDS = {
     "total_env_steps": ("> 0", "The budget of real env steps (phases may refer to it)."),
     "num_devices": (">= 0", "Devices to split batches over; 0: every device JAX sees."),
     "num_seeds": ("> 0", "Independent agents trained side by side in one process."),
-    "env.id": (None, "The env's id: envpool's (CartPole-v1, Breakout-v5, HalfCheetah-v4, ...)."),
+    "iterations_per_call": ("> 0", "JAX envs: whole iterations per compiled call (host visits)."),
+    "env.id": (None, "The env: envpool's (CartPole-v1, Breakout-v5, ...) or a JAX suite's "
+                     "(gymnax:CartPole-v1, gymnax:Breakout-MinAtar, craftax:...)."),
     "env.num_envs": ("> 0", "Envs stepped in parallel while training."),
     "env.max_episode_steps": (">= 0", "Episode cap; 0: the env's registered limit."),
     "env.masked_indices": (None, "Vector observation dims set to 0 (velocity masking)."),
     "env.batch_size": (">= 0", "Envs an asynchronous pool returns per step; 0: all, in sync."),
     "env.num_threads": (">= 0", "envpool's worker threads; 0: its default."),
+    "env.flatten_obs": (None, "MinAtar (gymnax): its frames as one float vector (for an MLP)."),
     "env.episodic_life": (None, "Atari: a lost life ends the training episode."),
     "env.frame_skip": ("> 0", "Env steps per agent step (action repeat)."),
     "env.frame_stack": ("> 0", "Atari: frames stacked into one observation."),

@@ -8,7 +8,8 @@ checked by registering it:
 * ``check_exact_resume``: stopped by a signal inside every phase (mid-cycle where nothing is
   passed between hooks) and resumed each time through the trainer and its checkpoints, a
   run ends exactly where one that never stopped ends, given that both restart their envs at
-  the same calls (envpool cannot save them: README, "Resuming");
+  the same calls (envpool cannot save them: README, "Resuming"; a JAX env's are saved and
+  never restart);
 * ``check_loads_and_acts``: the finished run loads (``jaxwm.load``) with the policy's
   parameters it ended with, acts on an observation (twice, carrying its carry), evaluates
   an episode, imagines with its world model where it has one, and leaves the run directory
@@ -39,9 +40,9 @@ import numpy as np
 import jaxwm.config
 from jaxwm import algos, runner
 from jaxwm.config import ConfigError
-from jaxwm.envs.acting import ActorState
+from jaxwm.envs.acting import ActorState, split_groups
 from jaxwm.loop import seeds
-from jaxwm.loop.algorithm import EVALUATE, drop_actors, restore_actors
+from jaxwm.loop.algorithm import EVALUATE, drop_unsaveable_actors, restore_actors
 from jaxwm.loop.artifacts import Artifacts
 from jaxwm.loop.phases import Scheduler, phases_from_config
 from jaxwm.loop.trainer import Trainer, hook_inputs, route_outputs
@@ -139,7 +140,9 @@ class Drive:
         algorithm, with its fresh envs (what a resume has)."""
         fresh = Drive.start(config, algorithm)
         fresh.scheduler.load_state_dict(self.scheduler.state_dict())
-        fresh.key, fresh.state = self.key, restore_actors(fresh.state, drop_actors(self.state))
+        # Envs whose state is outside the training state restart; a JAX env's goes on.
+        fresh.key, fresh.state = self.key, restore_actors(fresh.state,
+                                                          drop_unsaveable_actors(self.state))
         for name, file in fresh.artifacts.files.items():
             if algorithm.artifacts[name].source is None and not algorithm.artifacts[name].view_of:
                 file.truncate(0)
@@ -360,8 +363,21 @@ def check_seeds_are_runs(entry, config, calls: int, rtol: float, atol: float) ->
             alone = persistent(algorithm, Drive.start(one_config, algorithm).run(calls).state)
         finally:
             algorithm.close()
-        assert_trees_equal(jax.tree.map(lambda x, k=k: x[k], both), alone,
+        assert_trees_equal(jax.tree.map(lambda x, k=k: x[k], by_seed(both, 2)), alone,
                            f"{config.algo}: seed {k} of 2 != its own run", rtol, atol)
+
+
+def by_seed(state, num_seeds: int):
+    """``state`` with a leading seed axis on every leaf: a pool's rows (an ``ActorState``'s
+    rows, statistics and env state, ``[seeds * envs, ...]``, the acting layer's ``grouped``
+    order) split into ``[seeds, envs, ...]``; everything else has it already."""
+    def split(x):
+        if not isinstance(x, ActorState):
+            return x
+        return x.replace(**{name: split_groups(getattr(x, name), num_seeds)
+                            for name in ("pending", "stats", "env")})
+
+    return jax.tree.map(split, state, is_leaf=lambda x: isinstance(x, ActorState))
 
 
 DEVICES_SCRIPT = textwrap.dedent("""
@@ -380,7 +396,7 @@ DEVICES_SCRIPT = textwrap.dedent("""
         state = contract.Drive.start(config, algorithm).run({calls}).state
         leaves = jax.tree.leaves(algorithm.persistent(state))
         actors = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, ActorState))
-                  if isinstance(x, ActorState)]
+                  if isinstance(x, ActorState) and not x.saveable]
         out[n] = dict(leaves=[np.asarray(x, np.float64).ravel().tolist() for x in leaves],
                       spread=max(len(x.devices()) for x in leaves),
                       actor_spread=max([len(x.devices()) for x in jax.tree.leaves(actors)],
@@ -403,7 +419,8 @@ def check_devices_agree(name: str, spec: str, overrides: dict, calls: int,
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["4"]["spread"] == 4, "nothing of the state is on all 4 devices"
-    # The envs' state stays on one device: their programs run once, on the host's envs.
+    # A host-stepped env's state stays on one device: its programs run once, on the host's
+    # envs (a JAX env's is replicated like the parameters, and compared with them).
     assert out["4"]["actor_spread"] == 1, "an actor's state is spread over devices"
     for i, (a, b) in enumerate(zip(out["1"]["leaves"], out["4"]["leaves"], strict=True)):
         np.testing.assert_allclose(a, b, rtol=rtol, atol=atol,

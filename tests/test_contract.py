@@ -4,6 +4,8 @@ one-line errors for bad configs. A new algorithm gets these checks by registerin
 ``jaxwm.algos.REGISTRY``; the last test shows that the suite fails on a broken one."""
 
 
+import dataclasses
+
 import contract
 import jax
 import jax.numpy as jnp
@@ -14,7 +16,7 @@ from flax import struct
 from jaxwm import algos
 from jaxwm.algos import Capabilities, Entry
 from jaxwm.config import base_config
-from jaxwm.loop.algorithm import Algorithm, Hook
+from jaxwm.loop.algorithm import Algorithm, Hook, drop_actors
 from jaxwm.tools import make_dataset
 
 NAMES = algos.names()
@@ -71,6 +73,56 @@ def test_two_seeds_train_as_two_runs(name, spec, tiny_dataset):
 @pytest.mark.parametrize("name, spec", CASES)
 def test_bad_settings_are_one_line_errors(name, spec, tiny_dataset):
     contract.check_bad_config(algos.get(name), tiny(name, spec, tiny_dataset))
+
+
+# ------------------------------------------------------------- envs written in JAX
+
+# Every algorithm that takes JAX envs (``jaxwm.envs.native``), on its tiny config with a
+# gymnax env of its action space; several iterations per call where it can.
+JAX_ENVS = {"discrete": "gymnax:CartPole-v1", "continuous": "gymnax:Pendulum-v1"}
+
+
+def jax_env_overrides(entry) -> dict:
+    capabilities = entry.capabilities
+    overrides = {"env.id": JAX_ENVS[capabilities.actions[0]]}
+    if "iterations" not in capabilities.cannot:
+        overrides["iterations_per_call"] = 2
+    return overrides
+
+
+JAX_ENV_CASES = [pytest.param(name, id=name) for name in NAMES
+                 if "jax_envs" not in algos.get(name).capabilities.cannot]
+
+
+@pytest.mark.parametrize("name", JAX_ENV_CASES)
+def test_on_a_jax_env_an_interrupted_run_continues_its_episodes_exactly(name, tmp_path):
+    """A JAX env's state is in the checkpoint: stopped in every phase and resumed, the run
+    ends bit for bit where the run that never stopped (and never restarted its envs) ends."""
+    pytest.importorskip("gymnax", reason="the gymnax extra (pip install -e '.[dev]')")
+    entry = algos.get(name)
+    config = contract.load(entry.tiny, **jax_env_overrides(entry))
+    contract.check_exact_resume(entry, config, str(tmp_path))
+
+
+def test_the_resume_check_fails_when_the_jax_env_state_is_dropped(tmp_path):
+    """The case above fails on an algorithm whose checkpoint leaves the env state out (its
+    envs restart on resume, as envpool's must)."""
+    pytest.importorskip("gymnax", reason="the gymnax extra (pip install -e '.[dev]')")
+    entry = algos.get("ppo")
+    forgets = dataclasses.replace(entry, build=lambda config: dataclasses.replace(
+        entry.build(config), persistent=drop_actors))
+    config = contract.load(entry.tiny, **jax_env_overrides(entry))
+    with pytest.raises(AssertionError, match="resumed at calls .* != never stopped"):
+        contract.check_exact_resume(forgets, config, str(tmp_path))
+
+
+def test_ppo_on_a_jax_env_agrees_on_four_devices_and_trains_seeds_as_runs():
+    pytest.importorskip("gymnax", reason="the gymnax extra (pip install -e '.[dev]')")
+    entry = algos.get("ppo")
+    overrides = jax_env_overrides(entry)
+    contract.check_devices_agree("ppo", entry.tiny, overrides, calls=2, rtol=1e-4, atol=1e-5)
+    contract.check_seeds_are_runs(entry, contract.load(entry.tiny, **overrides), calls=2,
+                                  rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------- the suite catches a broken one

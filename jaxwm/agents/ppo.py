@@ -42,6 +42,10 @@ observation, like the end of a synchronous rollout) and at the end of each of th
 of ``T`` the sorted stream is cut into (bootstrapped likewise). Memoryless networks only: a
 memory backbone would need each env's carry across the interleaving.
 
+Envs written in JAX (``envs.native``): ``make_iterations`` scans whole iterations (collect,
+then update) inside one program, as PureJaxRL's ``make_train`` does (Lu et al. 2022,
+"Discovered Policy Optimisation"), so the host is visited once per ``iterations`` of them.
+
 Minibatches are drawn over sequences: feed-forward networks see every step as its own
 length-1 sequence (CleanRL's flat shuffle); recurrent backbones keep whole env trajectories
 and shuffle environments, never time (as CleanRL's ``ppo_atari_lstm``), starting from the rollout's
@@ -55,13 +59,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from flax import struct
 
 from jaxwm import parallel
 from jaxwm.config import ConfigError
 from jaxwm.envs import acting
-from jaxwm.envs.stats import episode_metrics
+from jaxwm.envs.stats import episode_metrics, merge_episode_metrics
 from jaxwm.models import protocol
 from jaxwm.nets.distributions import sample_at_temperature
 from jaxwm.ops.normalize import RunningMeanStd
@@ -465,6 +470,69 @@ def make_update(network, hyper: PPOHyper, optimizer, loop_form: str, mesh=None):
         return learner, with_learning_rate(learner, jax.tree.map(jnp.mean, metrics))
 
     return update
+
+
+def make_iterations(collect, update, iterations: int):
+    """``iterate(learner, actor, key) -> (learner, actor, metrics)``: ``iterations`` whole
+    PPO iterations as one ``lax.scan``, each a collect (``acting.Actor.collect_function``,
+    PPO's ``make_finish`` compiled in; the env a JAX env whose state is in ``actor``), the
+    statistics it updated written to the learner, then ``update`` (``make_update``'s,
+    vmapped over seeds by the caller). Keys: ``key`` split into one per iteration (per seed
+    where it has a seed axis), each into the collect's and the update's. Metrics: the
+    episodes of every iteration merged (``stats.merge_episode_metrics``), the rest averaged
+    over the iterations."""
+
+    def one(carry, key):
+        learner, actor = carry
+        collect_key, update_key = acting.step_keys(key, 2)
+        _, (actor, (statistics, rollout, metrics)) = collect(learner, actor, None, collect_key)
+        learner = learner.replace(obs_rms=statistics[0], return_rms=statistics[1])
+        learner, update_metrics = update(learner, rollout, update_key)
+        return (learner, actor), {**metrics, **update_metrics}
+
+    def iterate(learner, actor, key):
+        (learner, actor), metrics = jax.lax.scan(one, (learner, actor),
+                                                 acting.step_keys(key, iterations))
+        return learner, actor, merge_episode_metrics(metrics)
+
+    return iterate
+
+
+def jax_env_checks(config, rows: int) -> list[tuple[bool, str]]:
+    """``(ok, message)`` checks of a PPO config on an env written in JAX (``make_iterations``;
+    ``rows`` envs per rollout), for ``jaxwm.config.require``."""
+    p, k = config.ppo, config.iterations_per_call
+    per_call = rows * p.num_steps * k
+    return [
+        (not p.async_collect, "ppo.async_collect overlaps collection with the update; with a "
+         f"JAX env ({config.env.id}) both are one compiled program, with nothing to overlap. "
+         "Set ppo.async_collect=False."),
+        (jax.process_count() == 1, f"PPO on a JAX env ({config.env.id}) runs in one process "
+         "for now; launch one process (or use the envpool version of the env)."),
+        (not p.anneal_lr or k == 1 or config.total_env_steps % per_call == 0,
+         f"total_env_steps={config.total_env_steps} is not a multiple of the {per_call:,} env "
+         f"steps of one call (iterations_per_call={k}): the last call would run past the "
+         f"annealed rate's end. Use total_env_steps="
+         f"{-(-config.total_env_steps // per_call) * per_call} or another iterations_per_call."),
+    ]
+
+
+def merge_over_processes(start, statistics, metrics):
+    """Every process's normalisation statistics and episode metrics, combined the same way
+    in each (so the replicated learner stays identical): statistics as if one process had
+    seen every sample (``RunningMeanStd.merge_updates``), episode means weighted by the
+    episodes each process finished."""
+    gathered_stats, gathered = parallel.allgather((statistics, metrics))
+    statistics = tuple(RunningMeanStd.merge_updates(jax.device_get(s), g)
+                       for s, g in zip(start, gathered_stats, strict=True))
+    episodes = gathered["charts/episodes"]
+    merged = {"charts/episodes": jnp.asarray(episodes.sum())}
+    for name in ("charts/episodic_return", "charts/episodic_length"):
+        finished = episodes > 0
+        merged[name] = jnp.asarray(
+            np.sum(np.where(finished, gathered[name], 0.0) * episodes) / episodes.sum()
+            if finished.any() else np.nan, jnp.float32)
+    return statistics, {**{k: jnp.asarray(v[0]) for k, v in gathered.items()}, **merged}
 
 
 def resolve_loop_form(loop_form: str) -> str:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 import jax
 
 from jaxwm.config import ConfigError, pool_is_async
+from jaxwm.envs.native import is_native
 
 # Modules imported lazily so that one algorithm's imports never slow another:
 # ``"module"`` (its ``ENTRY``) or ``"module:NAME"``.
@@ -47,22 +48,27 @@ NO_PROCESSES = ("it keeps its whole state on every device and steps its envs fro
                 "launch one run per process instead")
 NO_ASYNC_POOL = ("it learns from synchronous steps of every env, and an asynchronous pool "
                  "returns whichever envs are ready")
+NO_ITERATIONS = "its hooks visit the host every iteration"
+NO_JAX_ENVS_OFFLINE = ("it learns from a D4RL-style dataset made and evaluated in envpool's "
+                       "envs")
+DEFAULT_CANNOT = {"processes": NO_PROCESSES, "async_pool": NO_ASYNC_POOL,
+                  "iterations": NO_ITERATIONS}
 
 
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
     """What an algorithm can run. ``cannot`` maps a capability it lacks to why: ``seeds``
     (``num_seeds`` > 1), ``processes`` (``jaxwm.launch``), ``async_pool`` (``env.batch_size``
-    < ``env.num_envs``). ``actions`` and ``observations`` are the kinds of spaces it takes
-    (``discrete``/``continuous``; ``vector``/``pixels``); ``device_batches(config)`` gives
-    the batches split over the devices, ``{what: size}``, so each must divide by their
-    count."""
+    < ``env.num_envs``), ``jax_envs`` (an env written in JAX, ``envs.native``), ``iterations``
+    (``iterations_per_call`` > 1: several iterations in one compiled call). ``actions`` and
+    ``observations`` are the kinds of spaces it takes (``discrete``/``continuous``;
+    ``vector``/``pixels``); ``device_batches(config)`` gives the batches split over the
+    devices, ``{what: size}``, so each must divide by their count."""
 
     actions: tuple[str, ...] = ("discrete", "continuous")
     observations: tuple[str, ...] = ("vector", "pixels")
     device_batches: Callable[[object], Mapping[str, int]] = lambda config: {}
-    cannot: Mapping[str, str] = dataclasses.field(default_factory=lambda: {
-        "processes": NO_PROCESSES, "async_pool": NO_ASYNC_POOL})
+    cannot: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(DEFAULT_CANNOT))
 
 
 def setting(config, dotted: str):
@@ -139,14 +145,23 @@ def taking(action: str) -> list[str]:
 def check_capabilities(config, capabilities: Capabilities, spec) -> None:
     """Refuses, in one line, a config or env the algorithm cannot run."""
     algo, cannot = config.algo, capabilities.cannot
-    processes = jax.process_count()
+    processes, iterations = jax.process_count(), config.iterations_per_call
+    jax_env = is_native(config.env.id)
     asked = {"seeds": (config.num_seeds > 1, f"num_seeds={config.num_seeds}", "num_seeds=1"),
              "processes": (processes > 1, f"{processes} processes", "one process"),
              "async_pool": (pool_is_async(config), f"env.batch_size={config.env.batch_size} < "
-                            f"env.num_envs={config.env.num_envs}", "env.batch_size=0")}
+                            f"env.num_envs={config.env.num_envs}", "env.batch_size=0"),
+             "jax_envs": (jax_env, f"the JAX env {config.env.id}", "an envpool env"),
+             "iterations": (iterations > 1, f"iterations_per_call={iterations}",
+                            "iterations_per_call=1")}
     for capability, (wanted, what, instead) in asked.items():
         if wanted and capability in cannot:
             raise ConfigError(f"{algo} cannot run {what}: {cannot[capability]}. Use {instead}.")
+    if iterations > 1 and not jax_env:
+        raise ConfigError(f"iterations_per_call={iterations} runs several iterations in one "
+                          f"compiled program, which needs an env written in JAX ({config.env.id}"
+                          " is stepped on the host): use a gymnax:/craftax: env id, or "
+                          "iterations_per_call=1.")
     if pool_is_async(config) and (config.num_seeds > 1 or processes > 1):
         raise ConfigError("An asynchronous env pool (env.batch_size < env.num_envs) runs one "
                           "seed in one process; set env.batch_size=0 for num_seeds > 1 or "

@@ -28,7 +28,7 @@ from flax import struct
 
 from jaxwm import parallel
 from jaxwm.agents import diffusion_policy as dp
-from jaxwm.algos import Entry, continuous_control
+from jaxwm.algos import DEFAULT_CANNOT, NO_JAX_ENVS_OFFLINE, Entry, continuous_control
 from jaxwm.config import require
 from jaxwm.data.datasets import load_configured, sequence_windows, window_rows
 from jaxwm.loop.algorithm import Algorithm
@@ -110,5 +110,7 @@ def build(config) -> Algorithm:
 
 ENTRY = Entry(name="diffusion", build=build, validate=validate, hook_counts=hook_counts,
               tiny="diffusion:tiny",
-              capabilities=continuous_control("diffusion.batch_size"),
+              capabilities=continuous_control(
+                  "diffusion.batch_size",
+                  cannot={**DEFAULT_CANNOT, "jax_envs": NO_JAX_ENVS_OFFLINE}),
               resumable=("diffusion.learning_rate",), offline=True)

@@ -37,7 +37,7 @@ from flax import struct
 from jaxwm import parallel
 from jaxwm.agents import mopo, sac
 from jaxwm.agents.mopo import UNCERTAINTY
-from jaxwm.algos import Entry, continuous_control
+from jaxwm.algos import DEFAULT_CANNOT, NO_JAX_ENVS_OFFLINE, Entry, continuous_control
 from jaxwm.config import require
 from jaxwm.data.datasets import load_configured
 from jaxwm.data.replay import TransitionReplay
@@ -235,7 +235,8 @@ def build(config) -> Algorithm:
 _SHARED = dict(
     build=build, validate=validate, hook_counts=hook_counts, phase_hooks=phase_hooks,
     offline=True,
-    capabilities=continuous_control("sac.batch_size", "mopo.rollout_batch", "mopo.model_batch"),
+    capabilities=continuous_control("sac.batch_size", "mopo.rollout_batch", "mopo.model_batch",
+                                    cannot={**DEFAULT_CANNOT, "jax_envs": NO_JAX_ENVS_OFFLINE}),
     resumable=("sac.actor_lr", "sac.critic_lr", "sac.alpha_lr", "mopo.model_lr"),
     fixed={"gormpo.learning_rate": "GORMPO's density is fit once, in its phase before the "
                                    "rest, and scores every rollout of the run; another rate "

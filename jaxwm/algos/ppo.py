@@ -1,18 +1,18 @@
-"""PPO wired to envpool and the loop: hooks ``collect`` and ``update_agent``.
+"""PPO wired to envs and the loop: hooks ``collect`` and ``update_agent``, or ``iterate``.
 
 ``collect`` is the acting layer's jitted rollout (``jaxwm.envs.acting.Actor``) under PPO's
 policy, with PPO's ``finish`` compiled into it, and passes the rollout to ``update_agent``
 through the loop (``writes=("rollout",)``); the rollout is never part of the state,
-``PPOState(learner, actor)``, of which checkpoints hold the learner (the actor's state
-belongs to the envs, which restart on resume). ``update_agent`` runs epochs x minibatches in
-one jitted call. Both donate what they change (the actor's state; the learner), so nothing is
-copied per iteration.
+``PPOState(learner, actor)``, of which checkpoints hold the learner (envpool's envs restart on
+resume). ``update_agent`` runs epochs x minibatches in one jitted call. Both donate what they
+change, so nothing is copied per iteration. With an env written in JAX (``envs.native``) the
+one hook is ``iterate``: ``iterations_per_call`` whole iterations as one program
+(``agents.ppo.make_iterations``), the env state in the actor's and in checkpoints.
 
-Devices: the envs live on the host and the envpool custom call must run once, so ``collect``
-runs on the process's first device and the actor's state stays there. The learner is
-replicated over the mesh once, at ``init``; ``collect`` reads the replica already on its
-device (no transfer), and only the rollout moves, sharded over the ``data`` axis for the
-update (``jaxwm.parallel``), plus the small observation/return statistics ``collect`` updates.
+Devices: envpool's custom call must run once, so ``collect`` runs on the process's first
+device and the actor's state stays there. The learner is replicated over the mesh at ``init``;
+``collect`` reads the replica on its device, and only the rollout moves, sharded over the
+``data`` axis for the update (``jaxwm.parallel``), with the small statistics it updates.
 
 Asynchronous collection (``ppo.async_collect=True``; ``acting.Actor``'s ``background``):
 ``collect`` hands back the rollout a second thread collected during the previous update and
@@ -25,10 +25,9 @@ or a resume runs in the foreground (nothing is in flight yet), so a resumed asyn
 bit-identical to an uninterrupted one; the synchronous default is.
 
 Asynchronous env pool (``env.batch_size`` = B < ``env.num_envs``): envpool steps every env
-on its own and each collect step acts on the B that are ready (``acting.envpool``), so
-slow envs do not hold up the batch and env stepping overlaps acting. A rollout is
-``num_steps`` such batches (B x ``num_steps`` env steps, B rows for minibatching and
-sharding); memoryless networks, one process and one seed. It combines with
+on its own and each collect step acts on the B that are ready (``acting.envpool``), so slow
+envs do not hold up the batch. A rollout is ``num_steps`` such batches (B rows for
+minibatching and sharding); memoryless networks, one process and one seed. It combines with
 ``ppo.async_collect``, which overlaps collection with the update instead.
 
 The learning rate anneals to 0 over ``ppo.anneal_env_steps`` (by default the run's
@@ -45,22 +44,20 @@ from __future__ import annotations
 import math
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxwm import parallel
+from jaxwm import backend, parallel
 from jaxwm.agents import ppo
 from jaxwm.algos import Capabilities, Entry
-from jaxwm.config import ConfigError, pool_is_async
+from jaxwm.config import ConfigError, pool_is_async, require
 from jaxwm.envs import acting
+from jaxwm.envs.native import is_native
 from jaxwm.loop.algorithm import Algorithm, Hook
 from jaxwm.loop.compile import HookCompiler
 from jaxwm.nets import backbones
 from jaxwm.nets.actor_critic import make_actor_critic
 from jaxwm.nets.actor_critic import validate as validate_network
-from jaxwm.ops.normalize import RunningMeanStd
 
 
 @struct.dataclass
@@ -132,24 +129,8 @@ def validate(config) -> None:
         raise ConfigError(f"ppo.num_minibatches={p.num_minibatches} must divide {what} = "
                           f"{sequences}{hint}.")
     ppo.resolve_loop_form(p.loop_form)
-
-
-def merge_over_processes(start, statistics, metrics):
-    """Every process's normalisation statistics and episode metrics, combined the same way
-    in each (so the replicated learner stays identical): statistics as if one process had
-    seen every sample (``RunningMeanStd.merge_updates``), episode means weighted by the
-    episodes each process finished."""
-    gathered_stats, gathered = parallel.allgather((statistics, metrics))
-    statistics = tuple(RunningMeanStd.merge_updates(jax.device_get(s), g)
-                       for s, g in zip(start, gathered_stats, strict=True))
-    episodes = gathered["charts/episodes"]
-    merged = {"charts/episodes": jnp.asarray(episodes.sum())}
-    for name in ("charts/episodic_return", "charts/episodic_length"):
-        finished = episodes > 0
-        merged[name] = jnp.asarray(
-            np.sum(np.where(finished, gathered[name], 0.0) * episodes) / episodes.sum()
-            if finished.any() else np.nan, jnp.float32)
-    return statistics, {**{k: jnp.asarray(v[0]) for k, v in gathered.items()}, **merged}
+    if is_native(config.env.id):
+        require(ppo.jax_env_checks(config, rollout_rows(config)))
 
 
 def hook_counts(config) -> dict[str, dict[str, int]]:
@@ -158,37 +139,68 @@ def hook_counts(config) -> dict[str, dict[str, int]]:
     # Counted per seed: each agent's own experience (loop.seeds); a process's own rows.
     rows = config.env.batch_size if pool_is_async(config) else \
         config.env.num_envs // jax.process_count()
-    p = config.ppo
-    return {"collect": {"env_steps": rows * p.num_steps},
-            "update_agent": {"agent_updates": p.update_epochs * p.num_minibatches}}
+    p, k = config.ppo, config.iterations_per_call
+    counts = {"collect": {"env_steps": rows * p.num_steps},
+              "update_agent": {"agent_updates": p.update_epochs * p.num_minibatches}}
+    if is_native(config.env.id):  # both in one program, k iterations a call
+        return {"iterate": {c: n * k for hook in counts.values() for c, n in hook.items()}}
+    return counts
+
+
+def phase_hooks(config) -> dict[str, tuple[str, ...]]:
+    """The train phase's hooks: ``collect, update_agent``, or with a JAX env ``iterate``."""
+    return {"train": tuple(hook_counts(config))}
 
 
 def build(config) -> Algorithm:
-    num_seeds = config.num_seeds
-    processes, process = jax.process_count(), jax.process_index()
     env = acting.make_pool(config)
-    rows = env.batch_size if env.is_async else config.env.num_envs // processes
+    rows = env.batch_size if env.is_async else config.env.num_envs // jax.process_count()
     spec = env.spec
     network = make_actor_critic(spec, config.network)
     hyper = ppo.PPOHyper.from_config(config.ppo, recurrent=network.has_memory)
     optimizer = ppo.make_optimizer(config.ppo, anneal_updates(config),
                                    backbones.learning_rate_scale(config.network))
     compiler = HookCompiler.for_config(config)
-    mesh = compiler.mesh
-    multi_device = mesh.size > 1
-    actor = acting.Actor(env, ppo.policy(network, hyper), hyper.num_steps, mesh=mesh,
-                         groups=num_seeds, finish=ppo.make_finish(network, hyper),
+    actor = acting.Actor(env, ppo.policy(network, hyper), hyper.num_steps, mesh=compiler.mesh,
+                         groups=config.num_seeds, finish=ppo.make_finish(network, hyper),
                          background=config.ppo.async_collect)
-    # Rollouts are [envs, ...], or [seeds, envs, ...]: either way sharded over the envs.
-    env_axis = PartitionSpec(*([None] if num_seeds > 1 else []), parallel.DATA_AXIS)
-    rollout_sharding = NamedSharding(mesh, env_axis)
     update = ppo.make_update(network, hyper, optimizer,
-                             ppo.resolve_loop_form(config.ppo.loop_form), mesh)
+                             ppo.resolve_loop_form(config.ppo.loop_form), compiler.mesh)
 
     def init(key):
         learner = compiler.init(lambda k: ppo.init_learner(network, optimizer, spec, k, rows))(
             key)
         return PPOState(learner, actor.init(learner))
+
+    hooks = iterate_hooks if actor.env_step.in_state else host_hooks
+    return Algorithm(name="PPO", init=init, hooks=hooks(config, actor, update, compiler),
+                     phase_hooks=phase_hooks(config), policy=ppo.policy(network, hyper),
+                     close=actor.close)
+
+
+def iterate_hooks(config, actor, update, compiler) -> dict[str, Hook]:
+    """With a JAX env: ``iterate``, ``iterations_per_call`` whole iterations (collect and
+    update) as one compiled program donating the state (``agents.ppo.make_iterations``)."""
+    iterate = ppo.make_iterations(actor.collect_function, compiler.vmap(update),
+                                  config.iterations_per_call)
+
+    def iterate_hook(state, data, key):
+        del data
+        learner, actor_state, metrics = iterate(state.learner, state.actor, key)
+        return PPOState(learner, actor_state), {}, metrics
+
+    return {"iterate": Hook(backend.jit(iterate_hook, donate_argnums=0),
+                            counts=hook_counts(config)["iterate"])}
+
+
+def host_hooks(config, actor, update, compiler) -> dict[str, Hook]:
+    """With a host-stepped env: ``collect`` (the acting layer's program around the env's,
+    passing its rollout on) and ``update_agent`` (compiled over seeds and the mesh)."""
+    processes, process = jax.process_count(), jax.process_index()
+    mesh = compiler.mesh
+    # Rollouts are [envs, ...], or [seeds, envs, ...]: either way sharded over the envs.
+    env_axis = PartitionSpec(*([None] if config.num_seeds > 1 else []), parallel.DATA_AXIS)
+    rollout_sharding = NamedSharding(mesh, env_axis)
 
     def collect_hook(state, data, key):
         del data
@@ -202,7 +214,7 @@ def build(config) -> Algorithm:
             actor_state, (statistics, rollout, metrics) = actor.collect(learner, state.actor,
                                                                         key)
         if processes > 1:
-            statistics, metrics = merge_over_processes(
+            statistics, metrics = ppo.merge_over_processes(
                 (actor.local(learner.obs_rms), actor.local(learner.return_rms)), statistics,
                 metrics)
             actor_state = actor_state.replace(
@@ -210,7 +222,7 @@ def build(config) -> Algorithm:
         if config.ppo.async_collect:  # the next rollout, while this one trains the learner
             current = state.learner.replace(obs_rms=statistics[0], return_rms=statistics[1])
             actor.start_next(current, actor_state, jax.random.fold_in(key, 1))
-        if multi_device:
+        if mesh.size > 1:
             statistics = parallel.replicate(statistics, mesh)
         learner = state.learner.replace(obs_rms=statistics[0], return_rms=statistics[1])
         return PPOState(learner, actor_state), {"rollout": rollout}, metrics
@@ -222,23 +234,16 @@ def build(config) -> Algorithm:
     def place(data):  # each process's rollout: its slice of the global batch
         return {"rollout": parallel.global_batch(data["rollout"], rollout_sharding)}
 
-    return Algorithm(
-        name="PPO",
-        init=init,
-        hooks={
-            "collect": Hook(collect_hook, counts=hook_counts(config)["collect"],
-                            writes=("rollout",)),
-            "update_agent": compiler.hook(update_agent, counts=hook_counts(config)["update_agent"],
-                                          reads=("rollout",), place=place if multi_device else None),
-        },
-        policy=ppo.policy(network, hyper),
-        close=actor.close,
-    )
+    counts = hook_counts(config)
+    return {"collect": Hook(collect_hook, counts=counts["collect"], writes=("rollout",)),
+            "update_agent": compiler.hook(update_agent, counts=counts["update_agent"],
+                                          reads=("rollout",),
+                                          place=place if mesh.size > 1 else None)}
 
 
 ENTRY = Entry(
     name="ppo", build=build, validate=validate, hook_counts=hook_counts,
-    validate_env=validate_env, tiny="ppo:tiny",
+    validate_env=validate_env, phase_hooks=phase_hooks, tiny="ppo:tiny",
     # Every capability: seeds, several processes, envpool's asynchronous pools.
     capabilities=Capabilities(device_batches=device_batches, cannot={}),
     resumable=("ppo.learning_rate", "ppo.max_grad_norm"),

@@ -27,7 +27,7 @@ from functools import partial
 from flax import struct
 
 from jaxwm.agents import ppo, simple
-from jaxwm.algos import Capabilities, Entry
+from jaxwm.algos import DEFAULT_CANNOT, Capabilities, Entry
 from jaxwm.config import ConfigError, require
 from jaxwm.data.frames import CHANNELS
 from jaxwm.data.replay import SequenceReplay
@@ -242,5 +242,7 @@ ENTRY = Entry(
     # Seeds: each keeps its own replay of every frame (2.6 GB at full size), so several fit
     # on a large host or accelerator; the tiny config runs them anywhere.
     capabilities=Capabilities(actions=("discrete",), observations=("pixels",),
-                              device_batches=device_batches),
+                              device_batches=device_batches,
+                              cannot={**DEFAULT_CANNOT, "jax_envs": "its frame model and "
+                                      "frame stacks are built for envpool's Atari frames"}),
     resumable=("ppo.learning_rate", "ppo.max_grad_norm"))

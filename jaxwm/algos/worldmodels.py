@@ -42,7 +42,7 @@ from flax import struct
 from jaxwm import parallel
 from jaxwm.agents import cma_es
 from jaxwm.agents.worldmodels import Agent, Learner, brownian
-from jaxwm.algos import NO_ASYNC_POOL, NO_PROCESSES, Capabilities, Entry
+from jaxwm.algos import NO_ASYNC_POOL, NO_ITERATIONS, NO_PROCESSES, Capabilities, Entry
 from jaxwm.config import ConfigError, require
 from jaxwm.envs import acting, make_env
 from jaxwm.envs.types import ActionBox
@@ -245,5 +245,6 @@ ENTRY = Entry(
                                   "worldmodels.encode_batch": c.worldmodels.encode_batch},
         cannot={"seeds": "its phase artifacts (frames, latents) hold one run's data; run one "
                          "seed per process (--config.seed=S)",
-                "processes": NO_PROCESSES, "async_pool": NO_ASYNC_POOL}),
+                "processes": NO_PROCESSES, "async_pool": NO_ASYNC_POOL, "iterations":
+                NO_ITERATIONS, "jax_envs": "its VAE takes CarRacing's 64x64 frames"}),
     resumable=("worldmodels.vae_lr", "worldmodels.rnn_lr", "worldmodels.rnn_grad_clip"))

@@ -46,6 +46,8 @@ SUMMARIES = {
     "cartpole_masked_transformer": "Masked CartPole, MarcoMeter's TrXL settings: GTrXL solves in 500k",
     "lunarlander_masked": "LunarLander without velocities, BenchNetRL's settings",
     "mujoco_memory": "MuJoCo with a memory backbone: BenchNetRL's defaults, 8 envs",
+    "gymnax_cartpole": "CartPole in JAX (gymnax), PureJaxRL's ppo.py settings, one program",
+    "minatar": "MinAtar Breakout in JAX (gymnax), PureJaxRL's MinAtar settings, 10M steps",
     "tiny": "Every code path in seconds: the contract suite's",
 }
 VARIANTS = tuple(SUMMARIES)
@@ -109,6 +111,30 @@ MASKED = {
     "lunarlander_masked": ("LunarLander-v2", (2, 3, 5), 8, 5_000_000, BENCHNETRL_PPO,
                            CLASSIC_MEMORY),
 }
+
+
+def jax_env_variant(c, variant: str) -> None:
+    """PureJaxRL's PPO settings on gymnax envs (Lu et al. 2022; ``purejaxrl/ppo.py`` for
+    CartPole, its ``examples/brax_minatar.ipynb`` for MinAtar): rollouts of 128 steps, 4
+    epochs, clip 0.2, entropy 0.01, separate 64 x 64 actor and critic MLPs, no observation
+    or reward normalisation. Its budget is whole updates (``TOTAL_TIMESTEPS // (envs x
+    128)``), run here as calls of ``iterations_per_call`` iterations (61 divides both)."""
+    envs, updates = (4, 976) if variant == "gymnax_cartpole" else (64, 1220)
+    c.env.num_envs = envs
+    c.total_env_steps = updates * envs * 128
+    c.iterations_per_call = 61
+    c.log.every = f"{61 * envs * 128} env_steps"
+    c.checkpoint.every = f"{4 * 61 * envs * 128} env_steps"
+    if variant == "gymnax_cartpole":
+        c.env.id = "gymnax:CartPole-v1"
+        c.ppo = ppo_block()
+        c.eval.every = "never"
+    else:  # the flattened frames through an MLP, as PureJaxRL's FlattenObservationWrapper
+        c.env.id = "gymnax:Breakout-MinAtar"
+        c.env.flatten_obs = True
+        c.ppo = ppo_block(learning_rate=5e-3, num_minibatches=8)
+        c.network = network_block(activation="relu")
+        c.eval.every = f"{10 * 61 * envs * 128} env_steps"
 
 
 def get_config(variant: str = "cartpole") -> ml_collections.ConfigDict:
@@ -187,6 +213,8 @@ def get_config(variant: str = "cartpole") -> ml_collections.ConfigDict:
         c.network = network_block(**memory_sizes(**sizes))
         c.log.every = "16384 env_steps"
         c.eval.every = "50000 env_steps"
+    elif variant in ("gymnax_cartpole", "minatar"):  # PureJaxRL's ppo.py settings (jax envs)
+        jax_env_variant(c, variant)
     elif variant == "minigrid":
         c.env.id = "MiniGrid-DoorKey-5x5-v0"
         c.env.num_envs = 16
@@ -198,7 +226,7 @@ def get_config(variant: str = "cartpole") -> ml_collections.ConfigDict:
     # the run starts. A derived reference: it follows both until set, and setting it leaves
     # them alone; a resume refuses a change (the rate would jump), see jaxwm/algos/ppo.py.
     c.ppo.anneal_env_steps = c.get_ref("total_env_steps") * c.ppo.get_ref("anneal_lr")
-    c.phases.train = dict(unit="env_steps", duration=c.get_ref("total_env_steps"),
-                          hooks=("collect", "update_agent"))
+    # Hooks derived (algos.ppo.phase_hooks): collect, update_agent; with a JAX env, iterate.
+    c.phases.train = dict(unit="env_steps", duration=c.get_ref("total_env_steps"), hooks=())
     c.lock()
     return c

@@ -29,10 +29,12 @@ dreamerv3's driver (one loop steps the envs with the agent's carry-passing polic
   reward and next observation arrive with the *next* row of its env (``successors`` for
   synchronous pools, ``stream_transitions`` for asynchronous ones).
 * **ActorState** is everything that belongs to the live envs between two collects: the rows
-  received but not yet acted on (synchronous pools), the policy carry, episode statistics.
-  envpool cannot save its C++ state, so it is never checkpointed: ``loop.algorithm``'s default
-  ``persistent``/``on_restore`` drop every ``ActorState`` in a state and put fresh ones back
-  (envs restart their episodes on resume).
+  received but not yet acted on (synchronous pools), the policy carry, episode statistics,
+  and for an env written in JAX (``envs.native``) the env state itself. envpool cannot save
+  its C++ state, so such an ``ActorState`` is not checkpointed: ``loop.algorithm``'s default
+  ``persistent``/``on_restore`` drop it and put a fresh one back (envs restart their
+  episodes on resume); one that holds its env (``ActorState.saveable``) is checkpointed
+  whole, and a resume continues its episodes.
 * **Actor** owns what is not a pure function: the env pool (``make_pool(config)``), its XLA
   handle (an opaque pointer to C++ state, so kept out of the state pytree in this one
   host-side slot), the device the pool's programs run on (a process's own first device:
@@ -197,6 +199,9 @@ class EnvStep:
     * ``send(env_state, ids, action) -> (env_state, pending)``: their actions.
 
     ``spec``: the env's ``EnvSpec`` (``num_envs`` at least), where an ``Actor`` steps it.
+    ``in_state``: the env state is a pytree of its own (a JAX env, ``envs.native``) that the
+    ``Actor`` keeps in the ``ActorState`` (``ActorState.env``), so it is checkpointed and
+    vmapped like any training state, rather than a handle to state outside the program.
     """
 
     start: Callable[[], tuple[Any, StepResult | None]] | None
@@ -204,23 +209,27 @@ class EnvStep:
     send: Callable[[Any, jax.Array | None, jax.Array], tuple[Any, StepResult | None]]
     is_async: bool = False
     spec: Any = None
+    in_state: bool = False
 
 
 def sync(step: Callable[[Any, jax.Array], tuple[Any, StepResult]],
-         start: Callable[[], tuple[Any, StepResult]] | None = None, spec=None) -> EnvStep:
+         start: Callable[[], tuple[Any, StepResult]] | None = None, spec=None,
+         in_state: bool = False) -> EnvStep:
     """Every env steps at once: ``step(env_state, action) -> (env_state, StepResult)``, the
     result received by the next ``recv``. ``start() -> (env_state, first StepResult)``, where
     an ``Actor`` starts it; ``None`` for an env a program starts itself (a learned model
     rolled out from start states inside a jitted update, as MOPO's ``branch_rollout``)."""
     return EnvStep(start=start, recv=lambda env_state, pending: (env_state, None, pending),
-                   send=lambda env_state, ids, action: step(env_state, action), spec=spec)
+                   send=lambda env_state, ids, action: step(env_state, action), spec=spec,
+                   in_state=in_state)
 
 
 def envpool(env) -> EnvStep:
-    """An ``EnvPoolEnv`` (or ``HostEnv``) pool: its XLA step and reset, synchronous or, for a
-    pool built with ``batch_size`` < ``num_envs``, asynchronous."""
+    """An ``EnvPoolEnv`` (or ``HostEnv``, or JAX ``NativeEnv``) pool: its XLA step and reset,
+    synchronous or, for a pool built with ``batch_size`` < ``num_envs``, asynchronous."""
     if not getattr(env, "is_async", False):
-        return sync(env.xla_step, env.xla_reset, env.spec)
+        return sync(env.xla_step, env.xla_reset, env.spec,
+                    in_state=getattr(env, "in_state", False))
 
     def recv(handle, pending):
         del pending
@@ -236,18 +245,31 @@ def envpool(env) -> EnvStep:
 
 @struct.dataclass
 class ActorState:
-    """The live envs between collects (never checkpointed): ``pending``, the rows received
-    and not yet acted on (synchronous pools; ``None`` otherwise), the policy's ``carry`` and
-    per-env ``stats`` (whose ``after_done`` is each env's "the next observation starts an
-    episode")."""
+    """The live envs between collects: ``pending``, the rows received and not yet acted on
+    (synchronous pools; ``None`` otherwise), the policy's ``carry``, per-env ``stats``
+    (whose ``after_done`` is each env's "the next observation starts an episode") and, for
+    JAX envs (``EnvStep.in_state``), the ``env`` state itself (``None`` otherwise).
+
+    With the env in it, an ``ActorState`` is the whole of the live envs and is checkpointed
+    (``saveable``): a resume continues the same episodes. Without it the envs' state is
+    outside (envpool's C++, a host env's Python), so a checkpoint drops it and a resume
+    restarts the envs."""
 
     pending: StepResult | None
     carry: Any
     stats: EpisodeStats
+    env: Any = None
 
     @classmethod
-    def start(cls, pending: StepResult | None, carry: Any, num_envs: int) -> ActorState:
-        return cls(pending, carry, EpisodeStats.create(num_envs, awaiting_reset=True))
+    def start(cls, pending: StepResult | None, carry: Any, num_envs: int,
+              env: Any = None) -> ActorState:
+        return cls(pending, carry, EpisodeStats.create(num_envs, awaiting_reset=True), env)
+
+    @property
+    def saveable(self) -> bool:
+        """Whether this is the whole state of its envs (a JAX env's), so a checkpoint keeps
+        it."""
+        return self.env is not None
 
 
 @struct.dataclass
@@ -438,6 +460,11 @@ class Actor:
     ``grouped`` and ``finish`` is written for one group and vmapped over them: every argument
     has a leading group axis (``steps`` ``[groups, T, n]``).
 
+    ``collect_function(params, actor, handle, key) -> (handle, (actor, outputs))`` is that
+    rollout and ``finish`` as a pure function, for an algorithm that compiles them into a
+    larger program (PPO's ``iterate`` on a JAX env, whose state travels in ``actor``, the
+    handle ``None``).
+
     ``background=True`` overlaps collection with learning (Sebulba-style; Hessel et al. 2021,
     "Podracer architectures"): ``collect`` returns ``(params the rollout was collected with,
     (actor, outputs))`` of the rollout a second thread collected during the previous learner
@@ -462,20 +489,31 @@ class Actor:
         self.groups = groups
         self.num_steps = num_steps
         self.mesh = mesh
+        # A JAX env is no host custom call: its state is replicated over the mesh like the
+        # parameters, so one program holds the env, the policy and any update.
         self.device = parallel.local_device(mesh) if mesh is not None and mesh.size > 1 \
-            else None
+            and not self.env_step.in_state else None
         self._handle = None
         finish = finish or _keep_all
         if groups > 1:
             finish = jax.vmap(finish)
 
+        in_state = self.env_step.in_state
+
         def collect(params, actor, handle, key):
+            if in_state:  # a JAX env's state travels in the ActorState
+                handle, actor = actor.env, actor.replace(env=None)
             final, handle, steps, completed = rollout(self.policy, self.env_step, params,
                                                       actor, handle, key, num_steps)
             views = (actor, steps, final, completed) if groups == 1 else \
                 _by_group(groups, actor, steps, final, completed)
             carry, out = finish(params, *views)
-            return handle, (final.replace(carry=carry), out)
+            final = final.replace(carry=carry)
+            if in_state:
+                final, handle = final.replace(env=handle), None
+            return handle, (final, out)
+
+        self.collect_function = collect
 
         self._collect = backend.jit(collect, donate_argnums=1)
         # The background program keeps its input ActorState: the state still refers to it.
@@ -500,11 +538,17 @@ class Actor:
         if self.warmup_transitions:  # the warm-up flag, per group
             params = (jnp.zeros((self.groups,) if self.groups > 1 else (), bool), params)
         self._handle, pending = self.env_step.start()
+        env = None
+        if self.env_step.in_state:
+            self._handle, env = None, self._handle
         actor = ActorState.start(pending, self.policy.init_carry(self.local(params),
-                                                                 self.num_envs), self.num_envs)
+                                                                 self.num_envs), self.num_envs,
+                                 env)
         # Buffers of its own: collection donates the actor state, and an env's first rows or
         # a carry may share a buffer (one zeros array for two flags, say).
         actor = jax.tree.map(jnp.copy, actor)
+        if self.env_step.in_state and self.mesh is not None and self.mesh.size > 1:
+            return parallel.replicate(actor, self.mesh)
         # One device: left uncommitted, like everything else, so every jitted hook sees the
         # same placement on every call and compiles once.
         return jax.device_put(actor, self.device) if self.device is not None else actor

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxwm.config import ConfigError
-from jaxwm.envs import dmc_pixels, host, mujoco_video
+from jaxwm.envs import dmc_pixels, host, mujoco_video, native
 from jaxwm.envs.families import (
     UnknownEnvError,
     dummy_obs,
@@ -67,7 +67,7 @@ warnings.filterwarnings("ignore", message=".*precision lowered by casting to flo
 
 def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
              render: bool = False, batch_size: int = 0,
-             num_threads: int = 0) -> EnvPoolEnv | HostEnv:
+             num_threads: int = 0) -> EnvPoolEnv | HostEnv | native.NativeEnv:
     """Build an envpool batch of ``num_envs`` copies of ``env_config.id``: synchronous, or
     asynchronous returning ``batch_size`` envs per ``recv`` if ``0 < batch_size < num_envs``.
 
@@ -86,6 +86,9 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
     the host behind the same interface (``HostEnv``), and so are DMC tasks with
     ``env_config.pixels`` (``jaxwm.envs.dmc_pixels``: dm_control renders them).
 
+    Ids ``<suite>:<name>`` (``gymnax:CartPole-v1``) are envs written in JAX
+    (``jaxwm.envs.native``), whose state the acting layer keeps in the training state.
+
     ``env_config`` (an ``ml_collections.ConfigDict`` or any mapping) is read with ``.get`` and
     defaults, so partially filled configs work; fields are documented in
     ``jaxwm.envs.families.envpool_kwargs``. Raises ``UnknownEnvError`` for an id envpool does
@@ -96,6 +99,8 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
         raise UnknownEnvError("env_config.id is required, e.g. 'CartPole-v1' or 'Breakout-v5'.")
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}.")
+    if native.is_native(env_id):
+        return native.make_native(env_config, num_envs, seed, batch_size)
     pixels = bool(env_config.get("pixels", False))
     host_env = HOST_ENVS.get(str(env_id).lower())  # a Python package's env (jaxwm.envs.host)
     if (host_env or pixels) and 0 < batch_size < num_envs:
@@ -149,6 +154,8 @@ def probe_spec(env_config: Mapping[str, Any]) -> EnvSpec:
 def check_available(env_config: Mapping[str, Any]) -> None:
     """Raises a ``ConfigError`` saying what to install if ``env_config`` asks for an env whose
     Python package or renderer is missing here (for validation, before anything is built)."""
+    if native.is_native(env_config.get("id", "")):
+        return  # building its spec (probe_spec) checks the suite and the id
     if env_config.get("pixels", False):
         _require_dmc(str(env_config.get("id", "")))
         dmc_pixels.check_available()

@@ -75,3 +75,21 @@ def episode_metrics(completed: dict[str, jax.Array]) -> dict[str, jax.Array]:
 
     return {"charts/episodic_return": mean(completed["return"]),
             "charts/episodic_length": mean(completed["length"]), "charts/episodes": n}
+
+
+def merge_episode_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Metrics of several windows stacked on a leading axis (iterations of one compiled
+    call) as one window's: ``episode_metrics``' names weighted by each window's episodes
+    (NaN when none ended in any), their counts summed, every other metric averaged."""
+    n = metrics["charts/episodes"]
+    total = jnp.sum(n, axis=0)
+
+    def weighted(x):
+        summed = jnp.sum(jnp.where(n > 0, x, 0.0) * n, axis=0)
+        return jnp.where(total > 0, summed / jnp.maximum(total, 1), jnp.nan)
+
+    episodes = {"charts/episodic_return", "charts/episodic_length", "charts/episodes"}
+    merged = {name: jnp.mean(x, axis=0) for name, x in metrics.items() if name not in episodes}
+    return {**merged, "charts/episodic_return": weighted(metrics["charts/episodic_return"]),
+            "charts/episodic_length": weighted(metrics["charts/episodic_length"]),
+            "charts/episodes": total}

@@ -37,11 +37,13 @@ An algorithm is a frozen bundle of functions. The loop knows nothing else about 
   trained run can imagine (``jaxwm.load(...).world_model.imagine``); ``None`` for model-free
   algorithms.
 * ``persistent(state)``: the part of the state a checkpoint holds. The default drops every
-  ``acting.ActorState`` in it (per-env observations, policy carries, episode statistics):
-  envpool's C++ env state cannot be saved, so envs restart their episodes on resume.
+  ``acting.ActorState`` in it (per-env observations, policy carries, episode statistics)
+  whose envs live outside the state: envpool's C++ env state cannot be saved, so those envs
+  restart their episodes on resume. A JAX env's ``ActorState`` holds the env state itself
+  (``ActorState.saveable``) and is kept, so its episodes continue.
 * ``on_restore(fresh, saved) -> state``: the state to continue from, given a freshly
   initialised one (its envs just reset) and the restored ``persistent`` part; the default puts
-  ``fresh``'s actor states into ``saved``. Everything saved continues exactly.
+  ``fresh``'s actor states where ``saved`` has none. Everything saved continues exactly.
 
 Hook names are free. RL Lab's conventional ones, used by the configs in this repository, are
 ``collect``, ``update_model``, ``update_agent`` and ``imagine``; ``evaluate`` is reserved for
@@ -50,7 +52,8 @@ has. Conventional counter names: ``env_steps`` (real environment steps; SPS and 
 x-axis), ``model_updates``, ``agent_updates``.
 
 The one impurity allowed: envpool's XLA handle, an opaque pointer to C++ env state, lives in
-its ``acting.Actor`` on the host, outside the state (see docs/architecture.md).
+its ``acting.Actor`` on the host, outside the state (see docs/architecture.md); a JAX env's
+state is an ordinary part of the state.
 """
 
 from __future__ import annotations
@@ -102,14 +105,24 @@ def _is_actor(x) -> bool:
 
 
 def drop_actors(state):
-    """``state`` without its ``ActorState``s (``None`` in their place): what a checkpoint
-    holds by default."""
+    """``state`` without its ``ActorState``s (``None`` in their place): the per-seed part
+    of a state that a hook's program sees (``loop.compile``)."""
     return jax.tree.map(lambda x: None if _is_actor(x) else x, state, is_leaf=_is_actor)
 
 
+def drop_unsaveable_actors(state):
+    """``state`` without the ``ActorState``s whose envs live outside it (envpool's, a host
+    env's: ``ActorState.saveable`` is False): what a checkpoint holds by default. A JAX env's
+    ``ActorState`` stays, so a resume continues its episodes."""
+    return jax.tree.map(lambda x: None if _is_actor(x) and not x.saveable else x, state,
+                        is_leaf=_is_actor)
+
+
 def restore_actors(fresh, saved):
-    """``saved`` (a ``drop_actors`` tree) with ``fresh``'s ``ActorState``s put back."""
-    return jax.tree.map(lambda f, s: f if _is_actor(f) else s, fresh, saved, is_leaf=_is_actor)
+    """``saved`` (a ``drop_actors`` or ``drop_unsaveable_actors`` tree) with ``fresh``'s
+    ``ActorState``s put where it has none."""
+    return jax.tree.map(lambda f, s: s if _is_actor(s) else f if _is_actor(f) else s, fresh,
+                        saved, is_leaf=lambda x: _is_actor(x) or x is None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +139,7 @@ class Algorithm:
     artifacts: Mapping[str, Artifact] = dataclasses.field(default_factory=dict)
     predicates: Mapping[str, Callable[[Any], Any]] = dataclasses.field(default_factory=dict)
     phase_hooks: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
-    persistent: Callable[[Any], Any] = drop_actors
+    persistent: Callable[[Any], Any] = drop_unsaveable_actors
     on_restore: Callable[[Any, Any], Any] = restore_actors
     close: Callable[[], None] = lambda: None
 

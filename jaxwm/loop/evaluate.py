@@ -1,4 +1,5 @@
-"""Evaluation on its own env pool, on the host path (no XLA handle), with optional video.
+"""Evaluation on its own env pool, on the host path (no XLA handle), with optional video;
+for an env written in JAX, as one compiled program.
 
 Runs the algorithm's policy (the ``jaxwm.envs.acting.Policy`` its training collection acts
 with, jitted here, its ``extras`` dropped) at ``eval.temperature`` (0: the distribution's mode; 1: the
@@ -10,6 +11,11 @@ evenly as possible, so the pool has at most ``num_episodes`` envs) and only its 
 ``quota`` episodes count. Keeping "the first N episodes to finish across the pool" instead
 would over-sample short episodes, and so bias the return toward whatever makes episodes end
 early (in CartPole, failing).
+
+An env written in JAX (``envs.native``) is evaluated on the device: the same loop as one
+``lax.while_loop`` (``_run_on_device``), with the same episodes (the pool's next reset seed),
+quotas and step cap, so its results equal the host path's; with a video or noise the host
+path runs instead.
 
 With several seeds (``config.num_seeds``; the policy is then ``acting.grouped``) the pool
 holds each seed's envs in turn, every seed gets the same quotas, and the metrics are
@@ -90,6 +96,7 @@ class Evaluator:
             raise ConfigError(f"eval.action_noise needs a continuous action space; "
                               f"{config.env.id}'s is discrete. Set --config.eval.action_noise=0.")
         self.noise = np.random.default_rng(config.seed + seed_offset)
+        self._device_episodes = None
 
     @classmethod
     def for_algorithm(cls, config, algorithm) -> Evaluator:
@@ -97,6 +104,12 @@ class Evaluator:
                    algorithm.score_reference)
 
     def run(self, state, key) -> dict:
+        if getattr(self.env, "in_state", False) and not self.config.video \
+                and not self.action_noise and not self.obs_noise:
+            return self._run_on_device(state, key)
+        return self._run_on_host(state, key)
+
+    def _run_on_host(self, state, key) -> dict:
         env, quotas = self.env, self.quotas
         temperature = jnp.float32(self.config.temperature)
         res = env.reset()
@@ -141,6 +154,57 @@ class Evaluator:
             metrics["eval/video"] = Video(np.stack([np.asarray(f, np.uint8) for f in frames]),
                                           fps=30)
         return metrics
+
+    def _run_on_device(self, state, key) -> dict:
+        """``run`` for an env written in JAX (``envs.native``): the same episodes, quotas and
+        cap, as one compiled ``lax.while_loop`` of env and policy steps (the host path's
+        per-step calls and syncs left out); the pool's next reset seed as the host path's."""
+        env = self.env
+        if self._device_episodes is None:
+            self._device_episodes = backend.jit(self._episodes_program())
+        seed = env.next_host_seed()
+        returns, lengths, counts = jax.device_get(self._device_episodes(
+            self.params_of(state), key, jnp.int32(seed), jnp.float32(self.config.temperature)))
+        return self._summarise([list(r[:c]) for r, c in zip(returns, counts, strict=True)],
+                               [list(n[:c]) for n, c in zip(lengths, counts, strict=True)])
+
+    def _episodes_program(self):
+        env, policy, quotas = self.env, self.policy, jnp.asarray(self.quotas)
+        n, most = len(self.quotas), int(self.quotas.max())
+        max_steps = most * max(env.spec.max_episode_steps, 1) + 1000  # as ``run``'s cap
+
+        def episodes(params, key, seed, temperature):
+            env_state, rows = env.start(seed)
+            rows_of = jnp.arange(n)
+
+            def more(loop):
+                return (loop["t"] < max_steps) & jnp.any(loop["counts"] < quotas)
+
+            def step(loop):
+                key, act_key = seeds.split(loop["key"])
+                carry, action, _ = policy.act(params, loop["carry"], loop["rows"].obs,
+                                              loop["is_first"], act_key, temperature)
+                env_state, rows = env.xla_step(loop["env"], action)
+                stats, completed = loop["stats"].update(rows)
+                counts = loop["counts"]
+                take = completed["mask"] & (counts < quotas)
+                slot = jnp.minimum(counts, most - 1)
+                keep = lambda old, new: old.at[rows_of, slot].set(  # noqa: E731
+                    jnp.where(take, new, old[rows_of, slot]))
+                return dict(t=loop["t"] + 1, key=key, env=env_state, rows=rows, carry=carry,
+                            is_first=loop["rows"].done, stats=stats, counts=counts + take,
+                            returns=keep(loop["returns"], completed["return"]),
+                            lengths=keep(loop["lengths"], completed["length"]))
+
+            zeros = jnp.zeros((n, most), jnp.float32)
+            start = dict(t=jnp.int32(0), key=key, env=env_state, rows=rows,
+                         carry=policy.init_carry(params, n), is_first=jnp.ones(n, bool),
+                         stats=EpisodeStats.create(n), counts=jnp.zeros(n, jnp.int32),
+                         returns=zeros, lengths=zeros)
+            out = jax.lax.while_loop(more, step, start)
+            return out["returns"], out["lengths"], out["counts"]
+
+        return episodes
 
     def _summarise(self, returns, lengths) -> dict:
         def by_seed(per_env):  # [env][episode] -> [seed][episode]

@@ -27,15 +27,15 @@ from jaxwm.config import ConfigError
 from jaxwm.nets import backbones
 from jaxwm.nets.backbones.window import empty_window
 from jaxwm.nets.distributions import Categorical, DiagGaussian
-from jaxwm.nets.encoders import MLP, GridCNN, NatureCNN, orthogonal
+from jaxwm.nets.encoders import MLP, GridCNN, MinAtarCNN, NatureCNN, orthogonal
 
-ENCODERS = ("mlp", "nature_cnn", "grid_cnn")
+ENCODERS = ("mlp", "nature_cnn", "grid_cnn", "minatar_cnn")
 
 
 def config_block(**overrides) -> ml_collections.ConfigDict:
     """The ``config.network`` block: encoder, memory backbone and their sizes."""
     n = ml_collections.ConfigDict()
-    n.encoder = "auto"  # auto | mlp | nature_cnn | grid_cnn
+    n.encoder = "auto"  # auto | mlp | nature_cnn | grid_cnn | minatar_cnn
     n.hidden = (64, 64)  # the MLP encoder's layers (vector observations)
     n.activation = "tanh"
     # ff | lstm | gru | trxl | gtrxl | mamba | mamba2 (jaxwm/nets/backbones); each reads its
@@ -58,7 +58,7 @@ def config_block(**overrides) -> ml_collections.ConfigDict:
 
 # ``config_block``'s settings: ``{key: (valid range, description)}`` (``jaxwm.config``).
 FIELDS = {
-    "encoder": ("{auto, mlp, nature_cnn, grid_cnn}",
+    "encoder": ("{auto, mlp, nature_cnn, grid_cnn, minatar_cnn}",
                 "Observation encoder; auto: MLP on vectors, a CNN on pixels."),
     "hidden": ("> 0", "Layer widths of the MLP encoder (and of a separate critic's MLP)."),
     "activation": ("{tanh, relu, silu}", "Activation of the MLP encoder's layers."),
@@ -98,6 +98,8 @@ def make_encoder(kind: str, hidden: Sequence[int], activation: str,
         return NatureCNN(canonical_backward=canonical_backward)
     if kind == "grid_cnn":
         return GridCNN()
+    if kind == "minatar_cnn":
+        return MinAtarCNN()
     raise ConfigError(f"network.encoder={kind!r} is unknown; choose one of {ENCODERS} or 'auto'.")
 
 
@@ -164,7 +166,7 @@ def resolve_encoder(spec, encoder: str) -> str:
         return encoder
     if not spec.is_pixels:
         return "mlp"
-    return "grid_cnn" if spec.family == "minigrid" else "nature_cnn"
+    return {"minigrid": "grid_cnn", "minatar": "minatar_cnn"}.get(spec.family, "nature_cnn")
 
 
 def validate(spec, net_config) -> None:

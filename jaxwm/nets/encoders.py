@@ -1,4 +1,4 @@
-"""Observation encoders: the Nature CNN for pixels and an MLP for vectors.
+"""Observation encoders: the Nature CNN for pixels, small CNNs for grids, an MLP for vectors.
 
 Nature CNN: Mnih et al. 2015, "Human-level control through deep RL", Methods (32 8x8/4,
 64 4x4/2, 64 3x3/1, dense 512), with CleanRL's orthogonal initialisation (gain sqrt 2). Its
@@ -80,6 +80,23 @@ class GridCNN(nn.Module):
         for features in (16, 32, 64):
             conv = Conv2D(features, 2, kernel_init=orthogonal(np.sqrt(2)))
             x = nn.relu(conv(x))
+        x = x.reshape((x.shape[0], -1))
+        x = nn.relu(nn.Dense(self.dense, kernel_init=orthogonal(np.sqrt(2)))(x))
+        return x.reshape(batch_shape + (self.dense,))
+
+
+class MinAtarCNN(nn.Module):
+    """The MinAtar network's encoder (Young & Tian 2019, "MinAtar", Sec. 4: one 3x3 stride-1
+    convolution of 16 channels, then a dense layer of 128) for its 10x10 channel frames
+    (``envs.native``: channels-first, cells 0 or 255), where the Nature CNN's 8x8 stride-4
+    first layer does not fit."""
+
+    dense: int = 128
+
+    @nn.compact
+    def __call__(self, x):
+        x, batch_shape = _to_nhwc(x)
+        x = nn.relu(Conv2D(16, 3, kernel_init=orthogonal(np.sqrt(2)))(x))
         x = x.reshape((x.shape[0], -1))
         x = nn.relu(nn.Dense(self.dense, kernel_init=orthogonal(np.sqrt(2)))(x))
         return x.reshape(batch_shape + (self.dense,))

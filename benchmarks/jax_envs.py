@@ -1,0 +1,334 @@
+"""PPO on envs written in JAX: jaxwm beside PureJaxRL on the same host, and beside jaxwm on
+envpool's version of the same task.
+
+Rows (each side's training run at PureJaxRL's settings, ``ppo:gymnax_cartpole`` over its
+whole 500k-step budget and ``ppo:minatar`` over its first 4 calls of 61 iterations, 2.0M
+steps, from one seed):
+
+* ``jaxwm`` on ``gymnax:CartPole-v1`` (4 envs x 128 steps) and ``gymnax:Breakout-MinAtar``
+  (64 x 128): the ``iterate`` hook (``iterations_per_call`` whole iterations in one program,
+  ``algos.ppo``) called until the budget is spent. ``compile_s`` is the first call's time
+  less a steady call's; steps/s is the steady calls' env steps over their time.
+* ``purejaxrl``: ``purejaxrl/ppo.py``'s ``make_train`` with the same settings
+  (``peers/purejaxrl_ppo.py``, a checkout outside this repository given by
+  ``--purejaxrl-src``, run in ``--purejaxrl-python``'s environment), compiled ahead, then the
+  whole run; steps/s over the run.
+* ``jaxwm envpool``: the same PPO settings on envpool's ``CartPole-v1``, whose steps are host
+  custom calls (``collect`` and ``update_agent`` hooks, ``common.ppo_end_to_end``).
+
+The sides alternate, ``--rounds`` times (peer, jaxwm, peer, jaxwm, ...), each in a fresh
+process; the medians are reported with their ratio. ``time_to_return_s``: steady-state
+seconds until the training return (mean over the envs' last finished episodes, as PureJaxRL
+plots it; jaxwm's ``charts/episodic_return``, the mean over a call's finished episodes) first
+reaches ``threshold``, counted in whole calls on both sides (PureJaxRL's iterations grouped
+as jaxwm's calls), assuming every iteration costs the same (both are one XLA program).
+
+    python benchmarks/jax_envs.py --purejaxrl-src ../purejaxrl --purejaxrl-python ../venv/bin/python
+    python benchmarks/jax_envs.py --quick   # smoke run (jaxwm rows only unless a peer is given)
+
+``--learning``: PPO on two MinAtar games (Breakout, SpaceInvaders) beside PureJaxRL with the
+same settings and budget (``--budget`` env steps a seed, ``--num-seeds`` seeds vmapped on
+each side): each seed's final training return (the mean over its last 10% of points) and the
+curves, in ``results/jax_envs_learning_<backend>`` and ``docs/figures/jax_envs_minatar.png``.
+PureJaxRL's environment needs gymnax and distrax (its ``ppo.py`` imports them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import common
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LEARNING_GAMES = ("Breakout-MinAtar", "SpaceInvaders-MinAtar")
+LEARNING_CALL_ITERATIONS = 4  # a point of jaxwm's curve every 4 iterations (32,768 steps)
+TASKS = {  # task -> (config, PureJaxRL's settings, the return the time is measured to,
+    #          calls of the config's iterations_per_call timed: None for its whole budget)
+    "cartpole": ("ppo:gymnax_cartpole", dict(env="CartPole-v1", num_envs=4, lr=2.5e-4,
+                                              num_minibatches=4, activation="tanh"), 475.0, None),
+    "minatar_breakout": ("ppo:minatar", dict(env="Breakout-MinAtar", num_envs=64, lr=5e-3,
+                                              num_minibatches=8, activation="relu"), 20.0, 4),
+}
+
+
+def budget(task: str, quick: bool) -> int:
+    """The env steps both sides run for the speed rows (``TASKS``)."""
+    config = common_config(task)
+    if quick:
+        return quick_budget(config)
+    calls = TASKS[task][3]
+    per_call = config.iterations_per_call * config.env.num_envs * config.ppo.num_steps
+    return calls * per_call if calls else config.total_env_steps
+
+
+def jaxwm_run(task: str, quick: bool) -> dict:
+    """The run of the task's config's ``iterate`` hook over ``budget`` (child process)."""
+    import jax
+    import numpy as np
+
+    import jaxwm.config
+    from jaxwm.algos import ppo
+    from jaxwm.loop import seeds
+    from jaxwm.runner import validate
+
+    overrides = {"log.progress": False, "total_env_steps": budget(task, quick)}
+    if quick:  # two calls of two iterations
+        overrides["iterations_per_call"] = 2
+    config = jaxwm.config.load(TASKS[task][0], overrides)
+    validate(config)
+    algo = ppo.build(config)
+    try:
+        key = seeds.loop_key(config.seed, config.num_seeds, config.env.num_envs)
+        key, init_key = seeds.split(key)
+        state = jax.block_until_ready(algo.init(init_key))
+        hook = algo.hooks["iterate"]
+        per_call = hook.counts["env_steps"]
+        calls, times, returns = -(-config.total_env_steps // per_call), [], []
+        for _ in range(calls):
+            key, sub = seeds.split(key)
+            start = time.perf_counter()
+            state, _, metrics = hook.fn(state, {}, sub)
+            metrics = jax.block_until_ready(metrics)
+            times.append(time.perf_counter() - start)
+            returns.append(float(metrics["charts/episodic_return"]))
+    finally:
+        algo.close()
+    steady = times[1:] or times
+    return {"compile_s": times[0] - float(np.median(steady)), "run_s": float(sum(steady)),
+            "steps_per_s": per_call * len(steady) / sum(steady), "env_steps": per_call * calls,
+            "per_call_iterations": config.iterations_per_call, "returns": returns,
+            "steady_call_s": steady}
+
+
+def jaxwm_learning(game: str, budget: int, num_seeds: int, quick: bool) -> dict:
+    """``ppo:minatar`` on ``game`` for ``budget`` env steps per seed, ``num_seeds`` seeds
+    vmapped in one process: each call's training return per seed (child process)."""
+    import jax
+    import numpy as np
+
+    import jaxwm.config
+    from jaxwm.algos import ppo
+    from jaxwm.loop import seeds
+    from jaxwm.runner import validate
+
+    per_iteration = 64 * 128
+    config = jaxwm.config.load("ppo:minatar", {
+        "log.progress": False, "env.id": f"gymnax:{game}", "num_seeds": num_seeds,
+        "total_env_steps": (budget // per_iteration) * per_iteration,
+        "iterations_per_call": 1 if quick else LEARNING_CALL_ITERATIONS})
+    validate(config)
+    algo = ppo.build(config)
+    try:
+        key = seeds.loop_key(config.seed, config.num_seeds, config.env.num_envs)
+        key, init_key = seeds.split(key)
+        state = algo.init(init_key)
+        hook = algo.hooks["iterate"]
+        calls = config.total_env_steps // hook.counts["env_steps"]
+        returns, start = [], time.perf_counter()
+        for _ in range(calls):
+            key, sub = seeds.split(key)
+            state, _, metrics = hook.fn(state, {}, sub)
+            returns.append(np.atleast_1d(jax.device_get(metrics["charts/episodic_return"])))
+    finally:
+        algo.close()
+    return {"env_steps_per_call": hook.counts["env_steps"], "wall_s": time.perf_counter() - start,
+            "returns": np.stack(returns).T.tolist()}  # [seeds, calls]
+
+
+def envpool_row(task: str, quick: bool) -> dict:
+    """jaxwm's PPO on envpool's version of the task (child process)."""
+    import jaxwm.config
+
+    config = jaxwm.config.load(TASKS[task][0], {"log.progress": False, "iterations_per_call": 1,
+                                             "env.id": "CartPole-v1"})
+    row = common.ppo_end_to_end(config, 1.0 if quick else 10.0, repeats=1 if quick else 3,
+                                max_iterations=10_000)
+    return {"steps_per_s": row["steps_per_s"], "compile_s": row["compile_s"]}
+
+
+def child(kind: str, task: str, quick: bool, *more: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--measure", kind, "--task", task, *more]
+                         + ["--quick"] * quick, capture_output=True, text=True, cwd=common.ROOT)
+    if out.returncode != 0:
+        raise SystemExit(f"{kind} {task} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def time_to(returns_per_call: list[float], threshold: float, seconds_per_call: float):
+    for i, value in enumerate(returns_per_call):
+        if value >= threshold:
+            return (i + 1) * seconds_per_call
+    return None
+
+
+def quick_budget(config) -> int:
+    """A smoke run's budget: four iterations."""
+    return 4 * config.env.num_envs * config.ppo.num_steps
+
+
+def peer_command(args, task: str) -> str:
+    settings = TASKS[task][1]
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in settings.items())
+    total = budget(task, args.quick)
+    return (f"{args.purejaxrl_python} {os.path.join(HERE, 'peers', 'purejaxrl_ppo.py')} "
+            f"--src {args.purejaxrl_src} {flags} --total-timesteps {total} --repeats 1")
+
+
+def common_config(task: str):
+    import jaxwm.config
+    return jaxwm.config.load(TASKS[task][0])
+
+
+def main() -> None:
+    p = common.parser(__doc__, repeats=1)
+    p.add_argument("--rounds", type=int, default=2, help="alternations of the two sides")
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--purejaxrl-src", default="", help="a PureJaxRL checkout (outside)")
+    p.add_argument("--purejaxrl-python", default=sys.executable,
+                   help="the Python whose environment runs PureJaxRL (gymnax, distrax)")
+    p.add_argument("--learning", action="store_true",
+                   help="the learning comparison on MinAtar instead (seeds vmapped, a figure)")
+    p.add_argument("--budget", type=int, default=2_000_000, help="--learning: env steps a seed")
+    p.add_argument("--num-seeds", type=int, default=3, help="--learning: seeds per side")
+    p.add_argument("--measure", help=argparse_hidden())
+    p.add_argument("--task", help=argparse_hidden())
+    args = p.parse_args()
+    if args.measure == "learning":
+        print(json.dumps(jaxwm_learning(args.task, args.budget, args.num_seeds, args.quick)))
+        return
+    if args.measure:
+        run = jaxwm_run if args.measure == "jaxwm" else envpool_row
+        print(json.dumps(run(args.task, args.quick)))
+        return
+    if args.learning:
+        return learning(args)
+
+    rows = []
+    for task in args.tasks.split(","):
+        config = common_config(task)
+        threshold = TASKS[task][2]
+        ours, peers = [], []
+        for _ in range(1 if args.quick else args.rounds):
+            if args.purejaxrl_src:
+                peers.append(common.run_peer(peer_command(args, task)))
+            ours.append(child("jaxwm", task, args.quick))
+        med = lambda runs, key: common.median([r[key] for r in runs])  # noqa: E731
+        calls_k = ours[0]["per_call_iterations"]
+        per_call_s = med(ours, "run_s") / max(len(ours[0]["steady_call_s"]), 1)
+        row = {"task": task, "env": config.env.id, "envs": config.env.num_envs,
+               "env_steps": ours[0]["env_steps"], "side": "jaxwm",
+               "steps_per_s": med(ours, "steps_per_s"), "compile_s": med(ours, "compile_s"),
+               "final_return": ours[0]["returns"][-1], "threshold": threshold,
+               "time_to_return_s": time_to(ours[0]["returns"][1:], threshold, per_call_s)}
+        rows.append(row)
+        if peers:
+            curve = peers[0]["returns"]
+            grouped = [sum(curve[i:i + calls_k]) / len(curve[i:i + calls_k])
+                       for i in range(calls_k, len(curve), calls_k)]
+            peer_per_call_s = med(peers, "run_s") * calls_k / len(curve)
+            peer = {"task": task, "env": config.env.id, "envs": config.env.num_envs,
+                    "env_steps": peers[0]["env_steps"], "side": "purejaxrl",
+                    "steps_per_s": med(peers, "steps_per_s"), "compile_s": med(peers, "compile_s"),
+                    "final_return": curve[-1], "threshold": threshold,
+                    "time_to_return_s": time_to(grouped, threshold, peer_per_call_s)}
+            rows.append(peer)
+            row["vs_purejaxrl"] = row["steps_per_s"] / peer["steps_per_s"]
+        if task == "cartpole":
+            pooled = child("envpool", task, args.quick)
+            rows.append({"task": task, "env": "CartPole-v1 (envpool)",
+                         "envs": config.env.num_envs, "side": "jaxwm envpool",
+                         "steps_per_s": pooled["steps_per_s"], "compile_s": pooled["compile_s"]})
+            row["vs_envpool"] = row["steps_per_s"] / pooled["steps_per_s"]
+    notes = [f"Medians of {len(ours)} runs per side, the sides alternating, each a fresh "
+             "process; compile time apart; steps/s over the steady state (jaxwm: every call "
+             "after the first; PureJaxRL: the compiled run).",
+             f"PureJaxRL: purejaxrl/ppo.py at {peer_commit(args)}, unchanged "
+             "(benchmarks/peers/purejaxrl_ppo.py for the shims)." if args.purejaxrl_src else
+             "No PureJaxRL checkout given: jaxwm's rows only."]
+    columns = ["task", "env", "envs", "side", "env_steps", "steps_per_s", "compile_s",
+               "final_return", "threshold", "time_to_return_s", "vs_purejaxrl", "vs_envpool"]
+    common.write_results("jax_envs", rows, common.hardware(), notes, columns, quick=args.quick)
+
+
+def peer_commit(args) -> str:
+    out = subprocess.run(["git", "-C", args.purejaxrl_src, "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True)
+    return out.stdout.strip() or "an unknown commit"
+
+
+def final_return(curve, share: float = 0.1) -> float:
+    """The mean of a curve's last ``share`` of points: a run's final training return."""
+    tail = max(1, round(len(curve) * share))
+    return float(sum(curve[-tail:]) / tail)
+
+
+def learning(args) -> None:
+    """PPO on MinAtar games beside PureJaxRL's, same settings and budget, seeds vmapped on
+    both sides: curves (a figure), each seed's final return, and the comparison."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    games = LEARNING_GAMES[:1] if args.quick else LEARNING_GAMES
+    budget = 64 * 128 * 2 if args.quick else args.budget
+    rows, fig = [], plt.figure(figsize=(5 * len(games), 3.6))
+    for i, game in enumerate(games):
+        ours = child("learning", game, args.quick, "--budget", str(budget), "--num-seeds",
+                     str(args.num_seeds))
+        curves = {"jaxwm": (np.asarray(ours["returns"]), ours["env_steps_per_call"],
+                            ours["wall_s"])}
+        if args.purejaxrl_src:
+            settings = dict(TASKS["minatar_breakout"][1], env=game)
+            flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in settings.items())
+            peer = common.run_peer(
+                f"{args.purejaxrl_python} {os.path.join(HERE, 'peers', 'purejaxrl_ppo.py')} "
+                f"--src {args.purejaxrl_src} {flags} --total-timesteps {budget} --repeats 1 "
+                f"--num-seeds {args.num_seeds}")
+            curves["purejaxrl"] = (np.atleast_2d(peer["returns"]), 64 * 128,
+                                   peer["run_s"] + peer["compile_s"])
+        ax = fig.add_subplot(1, len(games), i + 1)
+        for side, (curve, per_point, wall_s) in curves.items():
+            x = per_point * np.arange(1, curve.shape[1] + 1)
+            mean, std = curve.mean(0), curve.std(0)
+            ax.plot(x, mean, label=f"{side} ({curve.shape[0]} seeds)")
+            ax.fill_between(x, mean - std, mean + std, alpha=0.25)
+            finals = [final_return(c) for c in curve]
+            rows.append({"game": game, "side": side, "seeds": len(finals),
+                         "env_steps": int(per_point * curve.shape[1]), "wall_s": wall_s,
+                         "final_mean": float(np.mean(finals)),
+                         "final_sem": float(np.std(finals, ddof=1) / np.sqrt(len(finals)))
+                         if len(finals) > 1 else 0.0,
+                         "finals": [round(f, 2) for f in finals]})
+        ax.set(title=f"gymnax:{game}", xlabel="env steps per seed", ylabel="training return")
+        ax.legend()
+    fig.tight_layout()
+    figure = os.path.join(common.ROOT, "docs", "figures",
+                          "jax_envs_minatar" + ("_quick" if args.quick else "") + ".png")
+    fig.savefig(figure, dpi=110)
+    notes = [f"PPO at PureJaxRL's MinAtar settings (ppo:minatar: 64 envs x 128 steps, lr 5e-3 "
+             f"annealed, 8 minibatches, relu MLP on the flattened frames), {budget:,} env steps "
+             "per seed, seeds vmapped in one program on each side.",
+             "final: the mean training return over each run's last 10% of points (jaxwm: its "
+             "calls' mean over finished episodes, 4 iterations a call; PureJaxRL: each "
+             "iteration's mean over its envs' last finished episodes).",
+             f"Figure: docs/figures/{os.path.basename(figure)}."]
+    if args.purejaxrl_src:
+        notes.append(f"PureJaxRL: purejaxrl/ppo.py at {peer_commit(args)}, unchanged, its "
+                     "runs vmapped over split(PRNGKey(30), seeds).")
+    common.write_results("jax_envs_learning", rows, common.hardware(), notes,
+                         ["game", "side", "seeds", "env_steps", "wall_s", "final_mean",
+                          "final_sem", "finals"], quick=args.quick)
+
+
+def argparse_hidden():
+    import argparse
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Learning on envs written in JAX (slow): PPO solves gymnax's CartPole at PureJaxRL's
+settings, and on two MinAtar games reaches the return PureJaxRL's ``ppo.py`` reaches with the
+same settings and budget.
+
+The PureJaxRL figures are measured beside jaxwm on this machine class by
+``python benchmarks/jax_envs.py --learning`` (``benchmarks/results/jax_envs_learning_cpu.md``:
+3 seeds a side, seeds vmapped, 2M env steps a seed; the figure
+``docs/figures/jax_envs_minatar.png``); the thresholds below are PureJaxRL's mean final
+returns there, and this test trains jaxwm's three seeds again.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gymnax", reason="the gymnax extra (pip install -e '.[dev]')")
+
+import jaxwm.config  # noqa: E402
+from jaxwm import train  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# PureJaxRL's mean final training return (last 10% of each run), 3 seeds, 2M steps a seed,
+# from benchmarks/results/jax_envs_learning_cpu.md.
+PUREJAXRL_FINAL = {"Breakout-MinAtar": None, "SpaceInvaders-MinAtar": None}
+
+
+def test_gymnax_cartpole_is_solved_at_purejaxrls_settings(tmp_path):
+    """ppo:gymnax_cartpole (4 envs x 128 steps, 499,712 steps in 16 calls of 61 iterations):
+    the last calls' training return >= 475 and the final evaluation >= 475."""
+    config = jaxwm.config.load("ppo:gymnax_cartpole", {"log.progress": False})
+    summary = train.run(config, str(tmp_path))
+    rows = [r for r in _metrics(tmp_path) if "charts/episodic_return" in r]
+    assert np.mean([r["charts/episodic_return"] for r in rows[-3:]]) >= 475
+    assert summary["eval/episodic_return"] >= 475
+
+
+@pytest.mark.parametrize("game", sorted(PUREJAXRL_FINAL))
+def test_minatar_reaches_purejaxrls_return_with_the_same_budget(game):
+    """jaxwm's three seeds (vmapped), 2M env steps each: their mean final return at least
+    PureJaxRL's mean final return on this machine class."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+    import jax_envs
+
+    out = jax_envs.jaxwm_learning(game, 2_000_000, 3, quick=False)
+    finals = [jax_envs.final_return(curve) for curve in out["returns"]]
+    assert np.mean(finals) >= PUREJAXRL_FINAL[game], finals
+
+
+def _metrics(workdir):
+    with open(workdir / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f]
