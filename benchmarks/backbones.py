@@ -359,7 +359,10 @@ def main() -> None:
         "CartPole-v1: ppo:cartpole_masked (velocities zeroed; BenchNetRL's classic "
         "sizes: LSTM/GRU 512, TrXL 384x3 layers, Mamba/Mamba-2 512). Breakout-v5: "
         "ppo:atari with 16 envs, 8 minibatches, 1 frame (FF-4: 4), BenchNetRL's Atari "
-        "sizes (LSTM/GRU 256, TrXL 512 mem 64, Mamba 450, Mamba-2 512).",
+        "sizes (LSTM/GRU 256, TrXL 512 mem 64, Mamba 450, Mamba-2 512). "
+        "gymnax:Breakout-MinAtar (a JAX env): ppo:minatar (64 envs x 128 steps, the frames "
+        "flattened, the default network sizes), collection and update one program timed per "
+        "call of 4 iterations, update_mib that whole program's.",
         "Reference (benchmarks/REFERENCES.md): BenchNetRL PyTorch on one CPU thread, masked CartPole: LSTM "
         "~34, GRU ~154, TrXL ~66, GTrXL ~72 steps/s; its paper's table (hardware unstated): "
         + ", ".join(f"{k} ~{v}" for k, v in PAPER_SPS.items()) + " steps/s.",

@@ -223,10 +223,19 @@ def ppo_end_to_end(config, window_s: float, repeats: int, max_iterations: int,
             **extra}
 
 
-def run_peer(command: str) -> dict:
+def run_peer(command: str, timeout: float | None = None, tries: int = 1) -> dict:
     """Runs a peer benchmark (the original code, outside this repository) by its shell
-    ``command`` and returns the JSON object its last printed line holds."""
-    out = subprocess.run(command, shell=True, capture_output=True, text=True)
+    ``command`` and returns the JSON object its last printed line holds. ``timeout``: seconds
+    after which a try is ended (XLA:CPU programs have hung on a futex here) and, while
+    ``tries`` remain, started again."""
+    try:
+        out = subprocess.run(command, shell=True, capture_output=True, text=True,
+                             timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if tries > 1:
+            print(f"peer command hung for {timeout:.0f} s; trying again: {command}", flush=True)
+            return run_peer(command, timeout, tries - 1)
+        raise SystemExit(f"peer command did not finish in {timeout:.0f} s: {command}") from None
     lines = out.stdout.strip().splitlines()
     if out.returncode != 0 or not lines:
         tail = "\n".join((out.stderr or out.stdout).strip().splitlines()[-15:])

@@ -13,7 +13,9 @@ wrappers of other env suites, which these runs do not use, so empty stand-ins fo
 modules are put in ``sys.modules`` when the real ones are not installed; and gymnax 1.0's
 ``step`` returns ``terminated`` and ``truncated`` apart (six values) where PureJaxRL unpacks
 gymnax 0.0.x's five, ``done`` one flag, so ``step`` is wrapped to return
-``terminated | truncated`` as that ``done`` (what gymnax 0.0.x computed).
+``terminated | truncated`` as that ``done`` (what gymnax 0.0.x computed) and the info gymnax
+0.0.x returned (without 1.0's ``terminated``, ``truncated`` and ``final_observation``, which
+PureJaxRL would store for every step).
 
     python benchmarks/peers/purejaxrl_ppo.py --src <purejaxrl checkout> --env CartPole-v1
 
@@ -30,6 +32,11 @@ import statistics
 import sys
 import time
 import types
+
+# What gymnax 1.0's ``step`` adds to the info of gymnax 0.0.x, which PureJaxRL stores for every
+# step (its ``traj_batch.info``): the final observation alone is another observation per env
+# and step (14 GB for 3 seeds of SpaceInvaders-MinAtar at 2M steps).
+NEW_INFO = ("terminated", "truncated", "final_observation")
 
 
 def _stand_in(name: str, **attributes) -> None:
@@ -74,6 +81,7 @@ def main() -> None:
         out = step(self, key, state, action, params)
         if len(out) == 6:  # gymnax >= 1.0: terminated and truncated apart
             obs, state, reward, terminated, truncated, info = out
+            info = {k: v for k, v in info.items() if k not in NEW_INFO}
             return obs, state, reward, terminated | truncated, info
         return out
 

@@ -55,6 +55,7 @@ from jaxwm.envs.families import (
     dummy_obs,
     envpool_kwargs,
     infer_family,
+    observation_mask,
     transform_obs,
 )
 from jaxwm.envs.host import HOST_ENVS, HostEnv
@@ -225,17 +226,11 @@ class EnvPoolEnv:
         self._xla_step_fn: Any = None
         self._xla_recv_fn: Any = None
         self._xla_send_fn: Any = None
-        self._mask = None
-        if masked:
-            size = self.spec.obs_shape[0] if len(self.spec.obs_shape) == 1 else None
-            if size is None or not all(0 <= i < size for i in masked):
-                self._env.close()
-                raise ConfigError(
-                    f"env.masked_indices={list(masked)}: {env_id} observations have shape "
-                    f"{self.spec.obs_shape}; masking takes dims of a vector observation, in "
-                    f"[0, {size - 1 if size else '-'}].")
-            self._mask = np.ones(size, np.float32)
-            self._mask[list(masked)] = 0.0
+        try:
+            self._mask = observation_mask(env_id, self.spec.obs_shape, masked)
+        except ConfigError:
+            self._env.close()
+            raise
 
     def _observe(self, obs: Any, xp: ModuleType) -> Any:
         obs = transform_obs(self._family, obs, xp)

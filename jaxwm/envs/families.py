@@ -38,6 +38,8 @@ import envpool
 import numpy as np
 from envpool.registration import registry
 
+from jaxwm.config import ConfigError
+
 # envpool implementation module -> jaxwm family. Ids from any other module (procgen,
 # vizdoom, myosuite, ...) are registered in envpool but not supported here yet.
 FAMILY_BY_MODULE: dict[str, str] = {
@@ -149,3 +151,21 @@ def dummy_obs(space: Any) -> Any:
     if hasattr(space, "spaces") and isinstance(space.spaces, Mapping):
         return {k: dummy_obs(s) for k, s in space.spaces.items()}
     return np.zeros((1, *space.shape), space.dtype)
+
+
+def observation_mask(env_id: str, obs_shape: tuple[int, ...], masked) -> np.ndarray | None:
+    """The multiplier of ``env.masked_indices`` (1, with 0 at each masked dim of a vector
+    observation), or None when nothing is masked; a ``ConfigError`` for dims the
+    observation does not have."""
+    masked = tuple(int(i) for i in masked or ())
+    if not masked:
+        return None
+    size = obs_shape[0] if len(obs_shape) == 1 else None
+    if size is None or not all(0 <= i < size for i in masked):
+        raise ConfigError(
+            f"env.masked_indices={list(masked)}: {env_id} observations have shape "
+            f"{obs_shape}; masking takes dims of a vector observation, in "
+            f"[0, {size - 1 if size else '-'}].")
+    mask = np.ones(size, np.float32)
+    mask[list(masked)] = 0.0
+    return mask

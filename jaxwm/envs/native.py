@@ -59,7 +59,7 @@ import numpy as np
 from flax import struct
 
 from jaxwm.config import ConfigError
-from jaxwm.envs.families import UnknownEnvError
+from jaxwm.envs.families import UnknownEnvError, observation_mask
 from jaxwm.envs.types import EnvSpec, StepResult
 
 UNLIMITED = int(np.iinfo(np.int32).max)
@@ -253,17 +253,8 @@ class NativeEnv:
             discrete=task.discrete, num_actions=task.num_actions,
             action_shape=() if task.discrete else tuple(task.action_low.shape),
             action_low=task.action_low, action_high=task.action_high, max_episode_steps=limit)
-        masked = tuple(int(i) for i in env_config.get("masked_indices", ()) or ())
-        self._mask = None
-        if masked:
-            size = self.spec.obs_shape[0] if len(self.spec.obs_shape) == 1 else None
-            if size is None or not all(0 <= i < size for i in masked):
-                raise ConfigError(
-                    f"env.masked_indices={list(masked)}: {env_id} observations have shape "
-                    f"{self.spec.obs_shape}; masking takes dims of a vector observation, in "
-                    f"[0, {size - 1 if size else '-'}].")
-            self._mask = np.ones(size, np.float32)
-            self._mask[list(masked)] = 0.0
+        self._mask = observation_mask(env_id, self.spec.obs_shape,
+                                      env_config.get("masked_indices", ()))
         self._host_state = None
         self._start_jit = jax.jit(self._start)
         self._host_step = jax.jit(self.xla_step, donate_argnums=0)
