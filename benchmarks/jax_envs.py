@@ -35,6 +35,7 @@ PureJaxRL's environment needs gymnax and distrax (its ``ppo.py`` imports them).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -67,8 +68,10 @@ def budget(task: str, quick: bool) -> int:
     return calls * per_call if calls else config.total_env_steps
 
 
-def jaxwm_run(task: str, quick: bool) -> dict:
-    """The run of the task's config's ``iterate`` hook over ``budget`` (child process)."""
+def iterate_calls(name: str, overrides: dict) -> tuple:
+    """Builds PPO from the config ``name`` with ``overrides``, then calls its
+    ``iterate`` hook until the budget is spent: ``(config, env steps per call, each call's
+    seconds, each call's training return per seed)`` (child process)."""
     import jax
     import numpy as np
 
@@ -77,10 +80,7 @@ def jaxwm_run(task: str, quick: bool) -> dict:
     from jaxwm.loop import seeds
     from jaxwm.runner import validate
 
-    overrides = {"log.progress": False, "total_env_steps": budget(task, quick)}
-    if quick:  # two calls of two iterations
-        overrides["iterations_per_call"] = 2
-    config = jaxwm.config.load(TASKS[task][0], overrides)
+    config = jaxwm.config.load(name, overrides)
     validate(config)
     algo = ppo.build(config)
     try:
@@ -89,56 +89,43 @@ def jaxwm_run(task: str, quick: bool) -> dict:
         state = jax.block_until_ready(algo.init(init_key))
         hook = algo.hooks["iterate"]
         per_call = hook.counts["env_steps"]
-        calls, times, returns = -(-config.total_env_steps // per_call), [], []
-        for _ in range(calls):
+        times, returns = [], []
+        for _ in range(-(-config.total_env_steps // per_call)):
             key, sub = seeds.split(key)
             start = time.perf_counter()
             state, _, metrics = hook.fn(state, {}, sub)
-            metrics = jax.block_until_ready(metrics)
+            returns.append(np.atleast_1d(jax.device_get(metrics["charts/episodic_return"])))
             times.append(time.perf_counter() - start)
-            returns.append(float(metrics["charts/episodic_return"]))
     finally:
         algo.close()
+    return config, per_call, times, np.stack(returns)
+
+
+def jaxwm_run(task: str, quick: bool) -> dict:
+    """The run of the task's config's ``iterate`` hook over ``budget`` (child process)."""
+    import numpy as np
+
+    overrides = {"log.progress": False, "total_env_steps": budget(task, quick)}
+    if quick:  # two calls of two iterations
+        overrides["iterations_per_call"] = 2
+    config, per_call, times, returns = iterate_calls(TASKS[task][0], overrides)
     steady = times[1:] or times
     return {"compile_s": times[0] - float(np.median(steady)), "run_s": float(sum(steady)),
-            "steps_per_s": per_call * len(steady) / sum(steady), "env_steps": per_call * calls,
-            "per_call_iterations": config.iterations_per_call, "returns": returns,
-            "steady_call_s": steady}
+            "steps_per_s": per_call * len(steady) / sum(steady),
+            "env_steps": per_call * len(times), "per_call_iterations": config.iterations_per_call,
+            "returns": returns[:, 0].tolist(), "steady_call_s": steady}
 
 
 def jaxwm_learning(game: str, budget: int, num_seeds: int, quick: bool) -> dict:
     """``ppo:minatar`` on ``game`` for ``budget`` env steps per seed, ``num_seeds`` seeds
     vmapped in one process: each call's training return per seed (child process)."""
-    import jax
-    import numpy as np
-
-    import jaxwm.config
-    from jaxwm.algos import ppo
-    from jaxwm.loop import seeds
-    from jaxwm.runner import validate
-
     per_iteration = 64 * 128
-    config = jaxwm.config.load("ppo:minatar", {
+    _, per_call, times, returns = iterate_calls("ppo:minatar", {
         "log.progress": False, "env.id": f"gymnax:{game}", "num_seeds": num_seeds,
         "total_env_steps": (budget // per_iteration) * per_iteration,
         "iterations_per_call": 1 if quick else LEARNING_CALL_ITERATIONS})
-    validate(config)
-    algo = ppo.build(config)
-    try:
-        key = seeds.loop_key(config.seed, config.num_seeds, config.env.num_envs)
-        key, init_key = seeds.split(key)
-        state = algo.init(init_key)
-        hook = algo.hooks["iterate"]
-        calls = config.total_env_steps // hook.counts["env_steps"]
-        returns, start = [], time.perf_counter()
-        for _ in range(calls):
-            key, sub = seeds.split(key)
-            state, _, metrics = hook.fn(state, {}, sub)
-            returns.append(np.atleast_1d(jax.device_get(metrics["charts/episodic_return"])))
-    finally:
-        algo.close()
-    return {"env_steps_per_call": hook.counts["env_steps"], "wall_s": time.perf_counter() - start,
-            "returns": np.stack(returns).T.tolist()}  # [seeds, calls]
+    return {"env_steps_per_call": per_call, "wall_s": sum(times),
+            "returns": returns.T.tolist()}  # [seeds, calls]
 
 
 def envpool_row(task: str, quick: bool) -> dict:
@@ -197,8 +184,8 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=2_000_000, help="--learning: env steps a seed")
     p.add_argument("--num-seeds", type=int, default=3, help="--learning: seeds per side")
     p.add_argument("--games", default=",".join(LEARNING_GAMES), help="--learning: MinAtar games")
-    p.add_argument("--measure", help=argparse_hidden())
-    p.add_argument("--task", help=argparse_hidden())
+    p.add_argument("--measure", help=argparse.SUPPRESS)
+    p.add_argument("--task", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.measure == "learning":
         print(json.dumps(jaxwm_learning(args.task, args.budget, args.num_seeds, args.quick)))
@@ -326,11 +313,6 @@ def learning(args) -> None:
     common.write_results("jax_envs_learning", rows, common.hardware(), notes,
                          ["game", "side", "seeds", "env_steps", "wall_s", "final_mean",
                           "final_sem", "finals"], quick=args.quick)
-
-
-def argparse_hidden():
-    import argparse
-    return argparse.SUPPRESS
 
 
 if __name__ == "__main__":
