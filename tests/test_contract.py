@@ -104,6 +104,17 @@ def test_on_a_jax_env_an_interrupted_run_continues_its_episodes_exactly(name, tm
     contract.check_exact_resume(entry, config, str(tmp_path))
 
 
+@pytest.mark.slow  # MJX compiles once a restart: about a minute
+def test_a_playground_env_resumes_exactly_with_its_mjx_state(tmp_path):
+    """MuJoCo Playground's env state is MJX's ``Data`` (zero-size arrays among it, which the
+    checkpointer must carry; ``test_loop.py`` tests that alone): SAC on a DMC task resumes
+    bit for bit as on gymnax."""
+    pytest.importorskip("mujoco_playground", reason="the playground extra")
+    entry = algos.get("sac")
+    config = contract.load(entry.tiny, **{"env.id": "playground:CartpoleBalance"})
+    contract.check_exact_resume(entry, config, str(tmp_path))
+
+
 def test_the_resume_check_fails_when_the_jax_env_state_is_dropped(tmp_path):
     """The case above fails on an algorithm whose checkpoint leaves the env state out (its
     envs restart on resume, as envpool's must)."""

@@ -993,3 +993,23 @@ def test_the_nan_check_reads_the_window_before_it_is_logged(tmp_path):
         trainer._check_finite(run)
     trainer.checkpointer.close()
     trainer.artifacts.close()
+
+
+def test_zero_size_arrays_come_back_from_a_checkpoint_with_their_shapes(tmp_path):
+    """orbax refuses to save an array with no elements; MJX's env state has some (a
+    Playground env's ``Data.act`` of a model without activations), so the checkpointer leaves
+    them out and restores them from the template."""
+    from jaxwm.loop.checkpoint import Checkpointer
+
+    state = {"weights": jnp.arange(3.0), "act": jnp.zeros((4, 0), jnp.float32),
+             "inner": {"contacts": jnp.zeros((0,), jnp.int32), "qpos": jnp.ones(2)}}
+    checkpointer = Checkpointer(str(tmp_path), keep=1)
+    checkpointer.save(7, jax.tree.map(lambda x: x + 1, state), {"calls": 7})
+    checkpointer.wait()
+    restored, loop, step, unreadable = checkpointer.restore(state)
+    checkpointer.close()
+    assert step == 7 and loop["calls"] == 7 and not unreadable
+    assert jax.tree.structure(restored) == jax.tree.structure(state)
+    assert restored["act"].shape == (4, 0) and restored["inner"]["contacts"].dtype == jnp.int32
+    np.testing.assert_array_equal(restored["weights"], [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(restored["inner"]["qpos"], [2.0, 2.0])

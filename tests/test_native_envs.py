@@ -1,6 +1,6 @@
-"""Envs written in JAX (``jaxwm.envs.native``): jaxwm's auto-reset, time-limit and seeding
-conventions against hand-stepped episodes of each suite, observation layouts, and the
-one-line refusals."""
+"""Envs written in JAX (``jaxwm.envs.native``, ``jaxwm.envs.suites``): jaxwm's auto-reset,
+time-limit and seeding conventions against hand-stepped episodes of each suite, observation
+layouts, and the one-line refusals."""
 
 import importlib.util
 
@@ -12,7 +12,7 @@ import pytest
 from jaxwm import algos, runner
 from jaxwm.config import ConfigError
 from jaxwm.config import load as load_config
-from jaxwm.envs import UnknownEnvError, make_env, native, probe_spec
+from jaxwm.envs import UnknownEnvError, make_env, probe_spec, suites
 from jaxwm.envs.stats import EpisodeStats, episode_metrics
 
 gymnax = pytest.importorskip("gymnax", reason="the gymnax extra (pip install -e '.[dev]')")
@@ -27,7 +27,7 @@ def hand_stepped_cartpole(actions, seed=0):
     """gymnax's CartPole stepped by hand with jaxwm's conventions spelled out: the final
     observation returned with its flag, then a reset step (reward 0, flags False)."""
     env, params = gymnax.make("CartPole-v1")
-    params = params.replace(max_steps_in_episode=native.UNLIMITED)
+    params = params.replace(max_steps_in_episode=suites.UNLIMITED)
     key, reset_key, _ = split3(jax.random.PRNGKey(seed))
     obs, state = env.reset_env(reset_key, params)
     rows, final = [(obs, 0.0, False)], False
@@ -128,7 +128,7 @@ def test_minatar_frames_are_channels_first_binary_and_flatten_for_an_mlp():
     assert set(np.unique(image)) <= {0, 255}
     env, params = gymnax.make("Breakout-MinAtar")
     _, reset_key, _ = split3(jax.random.PRNGKey(0))
-    raw, _ = env.reset_env(reset_key, params.replace(max_steps_in_episode=native.UNLIMITED))
+    raw, _ = env.reset_env(reset_key, params.replace(max_steps_in_episode=suites.UNLIMITED))
     np.testing.assert_array_equal(vector, np.asarray(raw).reshape(-1))
     np.testing.assert_array_equal(image, np.transpose(np.asarray(raw), (2, 0, 1)) * 255)
 
@@ -143,7 +143,7 @@ def test_craftax_classic_symbolic_steps_as_craftax_does_without_its_auto_reset()
     assert env.spec.max_episode_steps == 10_000
     state, first = env.xla_reset()
     theirs = make_craftax_env_from_name("Craftax-Classic-Symbolic-v1", auto_reset=False)
-    params = theirs.default_params.replace(max_timesteps=native.UNLIMITED)
+    params = theirs.default_params.replace(max_timesteps=suites.UNLIMITED)
     key, reset_key, _ = split3(jax.random.PRNGKey(0))
     obs, inner = theirs.reset_env(reset_key, params)
     np.testing.assert_array_equal(first.obs[0], obs)
@@ -167,10 +167,47 @@ def test_craftax_classic_pixels_are_channels_first_uint8():
     assert row.obs.dtype == jnp.uint8 and int(row.obs.max()) > 0
 
 
+@pytest.mark.skipif(importlib.util.find_spec("mujoco_playground") is None,
+                    reason="the playground extra (pip install -e '.[playground]')")
+def test_playground_repeats_actions_sums_rewards_and_truncates_at_jaxwms_limit():
+    """A Playground DMC task with an action repeat of 2 and a 3-step limit, against
+    Playground's env stepped by hand: each agent step is two control steps with their rewards
+    summed, the third is truncated (never terminated), and the fourth is a reset step."""
+    from mujoco_playground import registry
+
+    env = make_env({"id": "playground:CartpoleBalance", "frame_skip": 2,
+                    "max_episode_steps": 3}, num_envs=1, seed=5)
+    assert env.spec.family == "dmc" and env.spec.obs_shape == (5,) and not env.spec.discrete
+    assert env.spec.action_shape == (1,) and env.spec.action_low[0] == -1.0
+    theirs = registry.load("CartpoleBalance", config_overrides={"impl": "jax"})
+    reset, step = jax.jit(theirs.reset), jax.jit(theirs.step)
+    key, reset_key, _ = split3(jax.random.PRNGKey(5))
+    expected = reset(reset_key)
+    state, first = env.xla_reset()
+    np.testing.assert_allclose(first.obs[0], expected.obs, rtol=1e-6)
+    xla_step = jax.jit(env.xla_step)
+    for t, action in enumerate((0.5, -1.0, 0.25), start=1):
+        key, _, reset_key = split3(key)
+        once = step(expected, jnp.array([action]))
+        expected = step(once, jnp.array([action]))
+        state, row = xla_step(state, jnp.array([[action]]))
+        np.testing.assert_allclose(row.obs[0], expected.obs, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(row.reward[0], once.reward + expected.reward, rtol=1e-5)
+        assert not bool(row.terminated[0]) and bool(row.truncated[0]) == (t == 3)
+    _, row = xla_step(state, jnp.array([[1.0]]))  # the reset step: a new episode's start
+    np.testing.assert_allclose(row.obs[0], reset(split3(key)[2]).obs, rtol=1e-6)
+    assert float(row.reward[0]) == 0.0 and not bool(row.episode_over[0])
+
+
 @pytest.mark.parametrize("env_id, error, match", [
     ("gymnax:CartPole-v2", UnknownEnvError, "Did you mean: gymnax:CartPole-v1"),
     ("gym:CartPole-v1", UnknownEnvError, "Unknown env suite 'gym'.*gymnax"),
     ("gymnax:Breakout-v5", UnknownEnvError, "It is an envpool id: Breakout-v5 .no prefix"),
+    pytest.param("playground:CartpoleBalance-v1", UnknownEnvError,
+                 "envpool id: CartpoleBalance-v1 .no prefix.; or did you mean "
+                 "playground:CartpoleBalance,",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("mujoco_playground") is None,
+                                          reason="the playground extra")),
     pytest.param("gymnax:Craftax-Classic-Symbolic-v1", UnknownEnvError,
                  "It is craftax's: craftax:Craftax-Classic-Symbolic-v1",
                  marks=pytest.mark.skipif(importlib.util.find_spec("craftax") is None,
@@ -183,7 +220,7 @@ def test_unknown_ids_name_close_matches(env_id, error, match):
 
 def test_a_suite_that_is_not_installed_names_its_extra(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(native.importlib.util, "find_spec",
+    monkeypatch.setattr(suites.importlib.util, "find_spec",
                         lambda name, *a: None if name == "craftax" else real(name, *a))
     with pytest.raises(ConfigError, match=r"pip install 'jaxwm\[craftax\]'"):
         probe_spec({"id": "craftax:Craftax-Classic-Symbolic-v1"})

@@ -1,8 +1,9 @@
-"""Environments written in JAX (gymnax, Craftax) behind the acting layer's interface.
+"""Environments written in JAX (gymnax, Craftax, MuJoCo Playground) behind the acting layer's
+interface.
 
 An env id ``<suite>:<name>`` (``gymnax:CartPole-v1``, ``gymnax:Breakout-MinAtar``,
-``craftax:Craftax-Classic-Symbolic-v1``) names an env of a suite whose envs are pure JAX
-functions (Lange 2022, gymnax; Matthews et al. 2024, "Craftax"). ``NativeEnv`` offers what
+``craftax:Craftax-Classic-Symbolic-v1``, ``playground:CartpoleBalance``) names an env of a
+suite whose envs are pure JAX functions (``jaxwm.envs.suites``). ``NativeEnv`` offers what
 ``factory.EnvPoolEnv`` offers (``spec``, ``xla_reset``/``xla_step``, host ``reset``/``step``
 for the evaluator), but its env state is an ordinary pytree (``NativeState``): the acting
 layer keeps it in the ``ActorState`` (``EnvStep.in_state``), so it is stepped inside the same
@@ -39,18 +40,18 @@ minatar      MinAtar's channel frames (Young & Tian 2019; gymnax's ``*-MinAtar``
 craftax      symbolic: float32 vectors as Craftax returns them; pixels: uint8 ``(3, H, W)``
              channels-first (Craftax's float RGB in [0, 1] times 255; Craftax-Classic is
              63 x 63).
+dmc          Playground's DM Control Suite tasks: float32 state vectors, as Playground
+             returns them; actions in [-1, 1]; ``env.frame_skip`` is the action repeat.
 ===========  ===============================================================================
 
-A suite is an optional extra (``pip install 'jaxwm[gymnax]'``, ``'jaxwm[craftax]'``): an id
-of a suite that is not installed stops with one line naming the extra.
+A suite is an optional extra (``pip install 'jaxwm[gymnax]'``, ``'jaxwm[craftax]'``,
+``'jaxwm[playground]'``): an id of a suite that is not installed stops with one line naming
+the extra.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import importlib.util
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -59,156 +60,14 @@ import numpy as np
 from flax import struct
 
 from jaxwm.config import ConfigError
-from jaxwm.envs.families import UnknownEnvError, observation_mask
+from jaxwm.envs import suites
+from jaxwm.envs.families import observation_mask
 from jaxwm.envs.types import EnvSpec, StepResult
-
-UNLIMITED = int(np.iinfo(np.int32).max)
-
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-    """One env of a suite without auto-reset or time limit, as pure functions of one env:
-    ``reset(key) -> (raw_obs, state)``, ``step(key, state, action) -> (raw_obs, state,
-    reward, terminated)``; ``observe(raw_obs)`` is jaxwm's layout of an observation."""
-
-    family: str
-    reset: Callable
-    step: Callable
-    observe: Callable
-    discrete: bool
-    num_actions: int | None
-    action_low: np.ndarray | None
-    action_high: np.ndarray | None
-    max_episode_steps: int  # the suite's own limit, the default
-
-
-@dataclasses.dataclass(frozen=True)
-class Suite:
-    """A package of JAX envs: ``ids()`` its env names, ``task(name, env_config)`` one."""
-
-    name: str
-    module: str  # the Python package that must be importable
-    extra: str  # jaxwm's optional extra that installs it
-    ids: Callable[[], list[str]]
-    task: Callable[[str, Mapping[str, Any]], Task]
-
-
-# ----------------------------------------------------------------------------- gymnax
-
-
-def _gymnax_ids() -> list[str]:
-    import gymnax
-    return list(gymnax.registered_envs)
-
-
-def _gymnax_task(name: str, env_config: Mapping[str, Any]) -> Task:
-    import gymnax
-    from gymnax.environments import spaces
-
-    env, params = gymnax.make(name)
-    limit = int(params.max_steps_in_episode)
-    unlimited = params.replace(max_steps_in_episode=UNLIMITED)
-    minatar = name.endswith("-MinAtar")
-    flatten = bool(env_config.get("flatten_obs", False))
-    if flatten and not minatar:
-        raise ConfigError(f"env.flatten_obs flattens MinAtar's frames; gymnax:{name} observes "
-                          "vectors already. Leave it False.")
-
-    def observe(obs):
-        if not minatar:
-            return obs.astype(jnp.float32)
-        if flatten:
-            return obs.astype(jnp.float32).reshape(-1)
-        return (jnp.transpose(obs, (2, 0, 1)) * 255).astype(jnp.uint8)
-
-    def step(key, state, action):
-        obs, state, reward, done, _ = env.step_env(key, state, action, unlimited)
-        return obs, state, reward, done
-
-    space = env.action_space(params)
-    discrete = isinstance(space, spaces.Discrete)
-    low = None if discrete else np.broadcast_to(np.asarray(space.low, np.float32), space.shape)
-    high = None if discrete else np.broadcast_to(np.asarray(space.high, np.float32),
-                                                 space.shape)
-    return Task(family="minatar" if minatar else "classic",
-                reset=lambda key: env.reset_env(key, unlimited), step=step, observe=observe,
-                discrete=discrete, num_actions=int(space.n) if discrete else None,
-                action_low=low, action_high=high, max_episode_steps=limit)
-
-
-# ----------------------------------------------------------------------------- craftax
-
-CRAFTAX_IDS = ["Craftax-Classic-Symbolic-v1", "Craftax-Classic-Pixels-v1",
-               "Craftax-Symbolic-v1", "Craftax-Pixels-v1"]
-
-
-def _craftax_task(name: str, env_config: Mapping[str, Any]) -> Task:
-    del env_config
-    from craftax.craftax_env import make_craftax_env_from_name
-
-    env = make_craftax_env_from_name(name, auto_reset=False)
-    params = env.default_params
-    unlimited = params.replace(max_timesteps=UNLIMITED)
-    pixels = "Pixels" in name
-
-    def observe(obs):
-        if pixels:
-            return (jnp.transpose(obs, (2, 0, 1)) * 255).round().astype(jnp.uint8)
-        return obs.astype(jnp.float32)
-
-    def step(key, state, action):
-        obs, state, reward, done, _ = env.step_env(key, state, action, unlimited)
-        return obs, state, reward, done
-
-    return Task(family="craftax", reset=lambda key: env.reset_env(key, unlimited), step=step,
-                observe=observe, discrete=True, num_actions=int(env.action_space(params).n),
-                action_low=None, action_high=None,
-                max_episode_steps=int(params.max_timesteps))
-
-
-SUITES = {
-    "gymnax": Suite("gymnax", "gymnax", "gymnax", _gymnax_ids, _gymnax_task),
-    "craftax": Suite("craftax", "craftax", "craftax", lambda: list(CRAFTAX_IDS), _craftax_task),
-}
 
 
 def is_native(env_id: Any) -> bool:
     """Whether ``env_id`` names an env of a JAX suite (``<suite>:<name>``)."""
     return isinstance(env_id, str) and ":" in env_id
-
-
-def _task(env_id: str, env_config: Mapping[str, Any]) -> tuple[str, Task]:
-    """``(suite, Task)`` of ``env_id``, or one line saying what is wrong with it."""
-    suite_name, _, name = env_id.partition(":")
-    if suite_name not in SUITES:
-        raise UnknownEnvError(f"Unknown env suite {suite_name!r} in {env_id!r}; JAX suites: "
-                              f"{', '.join(sorted(SUITES))} (e.g. gymnax:CartPole-v1), or an "
-                              "envpool id without a prefix (e.g. CartPole-v1).")
-    suite = SUITES[suite_name]
-    if importlib.util.find_spec(suite.module) is None:
-        raise ConfigError(f"{env_id} needs the {suite.module} package: pip install "
-                          f"'jaxwm[{suite.extra}]'.")
-    ids = suite.ids()
-    if name not in ids:
-        raise UnknownEnvError(f"Unknown env id {env_id!r}: {suite_name} has no {name!r}."
-                              f"{_where_else(suite_name, name, ids)}")
-    return suite_name, suite.task(name, env_config)
-
-
-def _where_else(suite_name: str, name: str, ids: list[str]) -> str:
-    """The hint for a name ``suite_name`` lacks: the suite (or envpool) that has it, else
-    the suite's close matches, else its envs."""
-    for other in SUITES.values():
-        if other.name != suite_name and importlib.util.find_spec(other.module) is not None \
-                and name in other.ids():
-            return f" It is {other.name}'s: {other.name}:{name}."
-    import envpool  # the families module has imported it already
-    if name in envpool.list_all_envs():
-        return f" It is an envpool id: {name} (no prefix)."
-    close = difflib.get_close_matches(name, ids, n=3)
-    if close:
-        return f" Did you mean: {', '.join(f'{suite_name}:{c}' for c in close)}?"
-    return f" Its envs: {', '.join(ids)}."
 
 
 # ----------------------------------------------------------------------------- the pool
@@ -240,7 +99,7 @@ class NativeEnv:
             raise ConfigError(f"env.pixels=True renders DMC tasks with dm_control; {env_id} is "
                               "a JAX env, whose observations are what its id says (Craftax: "
                               "the -Pixels- ids). Leave env.pixels False.")
-        self._suite, self._task = _task(env_id, env_config)
+        self._suite, self._task = suites.task(env_id, env_config)
         task = self._task
         self.num_envs, self.seed, self._host_seed = num_envs, seed, seed
         limit = int(env_config.get("max_episode_steps", 0) or task.max_episode_steps)

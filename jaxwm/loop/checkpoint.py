@@ -191,6 +191,26 @@ def _signature(leaf) -> tuple:
     return tuple(leaf.shape), np.dtype(leaf.dtype).name
 
 
+def _is_empty(leaf) -> bool:
+    return 0 in tuple(getattr(leaf, "shape", None) or ())
+
+
+def _without_empty(tree):
+    """``tree`` with its zero-size arrays as ``None``: orbax refuses to save an array with no
+    elements (MJX's ``Data`` has some, e.g. ``act`` of a model without activations), and they
+    hold nothing to save. ``_with_empty`` puts them back from the template on restore."""
+    return jax.tree.map(lambda leaf: None if _is_empty(leaf) else leaf, tree)
+
+
+def _with_empty(restored, template):
+    """``restored`` (saved ``_without_empty``) with the template's zero-size arrays back."""
+    def refill(model, leaf):
+        if not _is_empty(model):
+            return leaf
+        return jax.device_put(np.zeros(model.shape, model.dtype), getattr(model, "sharding", None))
+    return jax.tree.map(refill, template, restored)
+
+
 def _shapes(tree) -> dict[str, tuple]:
     """``{path: (shape, dtype)}`` of a pytree of arrays or of orbax's metadata of one (which
     stores dataclass fields and tuple items as dict entries, hence names, not key types)."""
@@ -403,7 +423,8 @@ class Checkpointer:
         finished (orbax would wait for it here anyway) and its manifest written first."""
         self._seal()
         loop = {"layout": LAYOUT_VERSION, **loop}
-        args = ocp.args.Composite(algo=ocp.args.StandardSave(state), loop=ocp.args.JsonSave(loop))
+        args = ocp.args.Composite(algo=ocp.args.StandardSave(_without_empty(state)),
+                                 loop=ocp.args.JsonSave(loop))
         try:
             saving = self._manager.save(step, args=args, force=force)
         except Exception as e:  # noqa: BLE001 -- reported with what is left
@@ -453,11 +474,11 @@ class Checkpointer:
         numbered directories that are not checkpoints. Nothing is moved here: the caller calls
         ``set_aside(unreadable)`` once it has accepted the restored state."""
         try:
-            expected = _shapes(template)
+            expected = _shapes(_without_empty(template))
         except (TypeError, ValueError) as e:
             raise IncompatibleCheckpointError(f"The state holds a leaf a checkpoint cannot compare "
                                               f"({_first_line(e)}).") from None
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _without_empty(template))
         steps = sorted(self._manager.all_steps(), reverse=True)
         # Numbered directories that are not checkpoints at all (no manifest, no orbax
         # metadata): set aside, never left for orbax's rotation to delete.
@@ -498,7 +519,7 @@ class Checkpointer:
             except Exception as e:  # noqa: BLE001
                 unreadable.append((step, self._damage_or_raise(step, e, verified)))
                 continue
-            return restored["algo"], restored["loop"], step, unreadable
+            return _with_empty(restored["algo"], template), restored["loop"], step, unreadable
         raise IncompatibleCheckpointError(
             f"No checkpoint in {self.directory} can be read: " + "; ".join(
                 f"{step}: {_first_line(e)}" for step, e in unreadable) +
