@@ -1,18 +1,22 @@
-"""PPO on envs written in JAX: jaxwm beside PureJaxRL on the same host, and beside jaxwm on
-envpool's version of the same task.
+"""PPO on envs written in JAX: jaxwm beside PureJaxRL and Craftax_Baselines on the same host,
+and beside jaxwm on envpool's version of the same task.
 
-Rows (each side's training run at PureJaxRL's settings, ``ppo:gymnax_cartpole`` over its
-whole 500k-step budget and ``ppo:minatar`` over its first 4 calls of 61 iterations, 2.0M
-steps, from one seed):
+Rows (each side's training run at the peer's settings, from one seed):
 
-* ``jaxwm`` on ``gymnax:CartPole-v1`` (4 envs x 128 steps) and ``gymnax:Breakout-MinAtar``
-  (64 x 128): the ``iterate`` hook (``iterations_per_call`` whole iterations in one program,
+* ``jaxwm`` on ``gymnax:CartPole-v1`` (``ppo:gymnax_cartpole``, 4 envs x 128 steps, its whole
+  500k-step budget), ``gymnax:Breakout-MinAtar`` (``ppo:minatar``, 64 x 128, its first 4 calls
+  of 61 iterations, 2.0M steps) and ``craftax:Craftax-Classic-Symbolic-v1``
+  (``ppo:craftax_classic``, the GRU agent, ``--craftax-envs`` x 64 steps, 3 calls of 6
+  iterations): the ``iterate`` hook (``iterations_per_call`` whole iterations in one program,
   ``algos.ppo``) called until the budget is spent. ``compile_s`` is the first call's time
   less a steady call's; steps/s is the steady calls' env steps over their time.
 * ``purejaxrl``: ``purejaxrl/ppo.py``'s ``make_train`` with the same settings
   (``peers/purejaxrl_ppo.py``, a checkout outside this repository given by
   ``--purejaxrl-src``, run in ``--purejaxrl-python``'s environment), compiled ahead, then the
   whole run; steps/s over the run.
+* ``craftax``: Craftax_Baselines' ``ppo_rnn.py`` the same way (``peers/craftax_baselines_ppo_rnn.py``,
+  ``--craftax-src``, ``--craftax-python``), its defaults but the pool (64 envs on a CPU; its
+  own 1024 on a GPU: ``--craftax-envs 1024``).
 * ``jaxwm envpool``: the same PPO settings on envpool's ``CartPole-v1``, whose steps are host
   custom calls (``collect`` and ``update_agent`` hooks, ``common.ppo_end_to_end``).
 
@@ -20,22 +24,24 @@ The sides alternate, ``--rounds`` times (peer, jaxwm, peer, jaxwm, ...), each in
 process; the medians are reported with their ratio. ``time_to_return_s``: steady-state
 seconds until the training return (mean over the envs' last finished episodes, as PureJaxRL
 plots it; jaxwm's ``charts/episodic_return``, the mean over a call's finished episodes) first
-reaches ``threshold``, counted in whole calls on both sides (PureJaxRL's iterations grouped
-as jaxwm's calls), assuming every iteration costs the same (both are one XLA program).
+reaches ``threshold``, counted in whole calls on both sides (the peer's iterations grouped
+as jaxwm's calls), assuming every iteration costs the same (all are one XLA program).
 
-    python benchmarks/jax_envs.py --purejaxrl-src ../purejaxrl --purejaxrl-python ../venv/bin/python
+    python benchmarks/jax_envs.py --purejaxrl-src ../purejaxrl --purejaxrl-python ../venv/bin/python \
+        --craftax-src ../Craftax_Baselines --craftax-python ../venv/bin/python
     python benchmarks/jax_envs.py --quick   # smoke run (jaxwm rows only unless a peer is given)
 
 ``--learning``: PPO on two MinAtar games (Breakout, Asterix) beside PureJaxRL with the
 same settings and budget (``--budget`` env steps a seed, ``--num-seeds`` seeds vmapped on
 each side): each seed's final training return (the mean over its last 10% of points) and the
 curves, in ``results/jax_envs_learning_<backend>`` and ``docs/figures/jax_envs_minatar.png``.
-PureJaxRL's environment needs gymnax and distrax (its ``ppo.py`` imports them).
+The peers' environment needs gymnax and distrax (their scripts import them).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -49,13 +55,37 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # futex (docs/notes/2026-12-01-jax-envs.md); pick games with --games.
 LEARNING_GAMES = ("Breakout-MinAtar", "Asterix-MinAtar")
 LEARNING_CALL_ITERATIONS = 4  # a point of jaxwm's curve every 4 iterations (32,768 steps)
-TASKS = {  # task -> (config, PureJaxRL's settings, the return the time is measured to,
-    #          calls of the config's iterations_per_call timed: None for its whole budget)
-    "cartpole": ("ppo:gymnax_cartpole", dict(env="CartPole-v1", num_envs=4, lr=2.5e-4,
-                                              num_minibatches=4, activation="tanh"), 475.0, None),
-    "minatar_breakout": ("ppo:minatar", dict(env="Breakout-MinAtar", num_envs=64, lr=5e-3,
-                                              num_minibatches=8, activation="relu"), 20.0, 4),
+CRAFTAX_ENVS = 64  # the CPU row's pool (Craftax_Baselines' own: 1024, --craftax-envs on a GPU)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    config: str  # jaxwm's config
+    peer: str  # "purejaxrl" or "craftax" (Craftax_Baselines)
+    settings: dict  # the peer's flags: the same settings as the config's
+    threshold: float  # the training return the time is measured to
+    calls: int | None  # calls of the config's iterations_per_call timed; None: its budget
+    overrides: tuple = ()  # jaxwm's overrides of the config (as the peer's flags change it)
+
+
+TASKS = {
+    "cartpole": Task("ppo:gymnax_cartpole", "purejaxrl", dict(
+        env="CartPole-v1", num_envs=4, lr=2.5e-4, num_minibatches=4, activation="tanh"),
+        475.0, None),
+    "minatar_breakout": Task("ppo:minatar", "purejaxrl", dict(
+        env="Breakout-MinAtar", num_envs=64, lr=5e-3, num_minibatches=8, activation="relu"),
+        20.0, 4),
+    "craftax_classic": Task("ppo:craftax_classic", "craftax", dict(
+        env="Craftax-Classic-Symbolic-v1", num_envs=CRAFTAX_ENVS, num_steps=64),
+        2.0, 3, (("env.num_envs", CRAFTAX_ENVS),)),
 }
+
+
+def with_envs(task: str, envs: int) -> None:
+    """``--craftax-envs``: both sides' pool for the Craftax row."""
+    t = TASKS[task]
+    TASKS[task] = dataclasses.replace(t, settings=dict(t.settings, num_envs=envs),
+                                      overrides=(("env.num_envs", envs),))
 
 
 def budget(task: str, quick: bool) -> int:
@@ -63,7 +93,7 @@ def budget(task: str, quick: bool) -> int:
     config = common_config(task)
     if quick:
         return quick_budget(config)
-    calls = TASKS[task][3]
+    calls = TASKS[task].calls
     per_call = config.iterations_per_call * config.env.num_envs * config.ppo.num_steps
     return calls * per_call if calls else config.total_env_steps
 
@@ -105,10 +135,11 @@ def jaxwm_run(task: str, quick: bool) -> dict:
     """The run of the task's config's ``iterate`` hook over ``budget`` (child process)."""
     import numpy as np
 
-    overrides = {"log.progress": False, "total_env_steps": budget(task, quick)}
+    overrides = {"log.progress": False, "total_env_steps": budget(task, quick),
+                 **dict(TASKS[task].overrides)}
     if quick:  # two calls of two iterations
         overrides["iterations_per_call"] = 2
-    config, per_call, times, returns = iterate_calls(TASKS[task][0], overrides)
+    config, per_call, times, returns = iterate_calls(TASKS[task].config, overrides)
     steady = times[1:] or times
     return {"compile_s": times[0] - float(np.median(steady)), "run_s": float(sum(steady)),
             "steps_per_s": per_call * len(steady) / sum(steady),
@@ -132,7 +163,7 @@ def envpool_row(task: str, quick: bool) -> dict:
     """jaxwm's PPO on envpool's version of the task (child process)."""
     import jaxwm.config
 
-    config = jaxwm.config.load(TASKS[task][0], {"log.progress": False, "iterations_per_call": 1,
+    config = jaxwm.config.load(TASKS[task].config, {"log.progress": False, "iterations_per_call": 1,
                                              "env.id": "CartPole-v1"})
     row = common.ppo_end_to_end(config, 1.0 if quick else 10.0, repeats=1 if quick else 3,
                                 max_iterations=10_000)
@@ -147,9 +178,9 @@ def child(kind: str, task: str, quick: bool, *more: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def time_to(returns_per_call: list[float], threshold: float, seconds_per_call: float):
+def time_to(returns_per_call: list, threshold: float, seconds_per_call: float):
     for i, value in enumerate(returns_per_call):
-        if value >= threshold:
+        if value is not None and value >= threshold:
             return (i + 1) * seconds_per_call
     return None
 
@@ -159,17 +190,28 @@ def quick_budget(config) -> int:
     return 4 * config.env.num_envs * config.ppo.num_steps
 
 
+PEERS = {  # peer -> (its script in peers/, the --*-src and --*-python arguments' prefix)
+    "purejaxrl": ("purejaxrl_ppo.py", "purejaxrl"),
+    "craftax": ("craftax_baselines_ppo_rnn.py", "craftax"),
+}
+
+
+def peer_source(args, task: str) -> str:
+    """The peer checkout given for the task's peer ('' when none)."""
+    return getattr(args, f"{PEERS[TASKS[task].peer][1]}_src")
+
+
 def peer_command(args, task: str) -> str:
-    settings = TASKS[task][1]
-    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in settings.items())
+    script, prefix = PEERS[TASKS[task].peer]
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in TASKS[task].settings.items())
     total = budget(task, args.quick)
-    return (f"{args.purejaxrl_python} {os.path.join(HERE, 'peers', 'purejaxrl_ppo.py')} "
-            f"--src {args.purejaxrl_src} {flags} --total-timesteps {total} --repeats 1")
+    return (f"{getattr(args, prefix + '_python')} {os.path.join(HERE, 'peers', script)} "
+            f"--src {peer_source(args, task)} {flags} --total-timesteps {total} --repeats 1")
 
 
 def common_config(task: str):
     import jaxwm.config
-    return jaxwm.config.load(TASKS[task][0])
+    return jaxwm.config.load(TASKS[task].config, dict(TASKS[task].overrides))
 
 
 def main() -> None:
@@ -179,6 +221,11 @@ def main() -> None:
     p.add_argument("--purejaxrl-src", default="", help="a PureJaxRL checkout (outside)")
     p.add_argument("--purejaxrl-python", default=sys.executable,
                    help="the Python whose environment runs PureJaxRL (gymnax, distrax)")
+    p.add_argument("--craftax-src", default="", help="a Craftax_Baselines checkout (outside)")
+    p.add_argument("--craftax-python", default=sys.executable,
+                   help="the Python whose environment runs Craftax_Baselines (craftax, distrax)")
+    p.add_argument("--craftax-envs", type=int, default=CRAFTAX_ENVS,
+                   help="both sides' envs in the Craftax row (Craftax_Baselines' own: 1024)")
     p.add_argument("--learning", action="store_true",
                    help="the learning comparison on MinAtar instead (seeds vmapped, a figure)")
     p.add_argument("--budget", type=int, default=2_000_000, help="--learning: env steps a seed")
@@ -187,6 +234,8 @@ def main() -> None:
     p.add_argument("--measure", help=argparse.SUPPRESS)
     p.add_argument("--task", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.measure and args.craftax_envs != CRAFTAX_ENVS:
+        with_envs("craftax_classic", args.craftax_envs)
     if args.measure == "learning":
         print(json.dumps(jaxwm_learning(args.task, args.budget, args.num_seeds, args.quick)))
         return
@@ -196,16 +245,19 @@ def main() -> None:
         return
     if args.learning:
         return learning(args)
+    if args.craftax_envs != CRAFTAX_ENVS:
+        with_envs("craftax_classic", args.craftax_envs)
 
     rows = []
     for task in args.tasks.split(","):
         config = common_config(task)
-        threshold = TASKS[task][2]
+        threshold = TASKS[task].threshold
         ours, peers = [], []
         for _ in range(1 if args.quick else args.rounds):
-            if args.purejaxrl_src:
-                peers.append(common.run_peer(peer_command(args, task)))
-            ours.append(child("jaxwm", task, args.quick))
+            if peer_source(args, task):
+                peers.append(common.run_peer(peer_command(args, task), timeout=20 * 60))
+            ours.append(child("jaxwm", task, args.quick,
+                              "--craftax-envs", str(args.craftax_envs)))
         med = lambda runs, key: common.median([r[key] for r in runs])  # noqa: E731
         calls_k = ours[0]["per_call_iterations"]
         per_call_s = med(ours, "run_s") / max(len(ours[0]["steady_call_s"]), 1)
@@ -216,17 +268,9 @@ def main() -> None:
                "time_to_return_s": time_to(ours[0]["returns"][1:], threshold, per_call_s)}
         rows.append(row)
         if peers:
-            curve = peers[0]["returns"]
-            grouped = [sum(curve[i:i + calls_k]) / len(curve[i:i + calls_k])
-                       for i in range(calls_k, len(curve), calls_k)]
-            peer_per_call_s = med(peers, "run_s") * calls_k / len(curve)
-            peer = {"task": task, "env": config.env.id, "envs": config.env.num_envs,
-                    "env_steps": peers[0]["env_steps"], "side": "purejaxrl",
-                    "steps_per_s": med(peers, "steps_per_s"), "compile_s": med(peers, "compile_s"),
-                    "final_return": curve[-1], "threshold": threshold,
-                    "time_to_return_s": time_to(grouped, threshold, peer_per_call_s)}
+            peer = peer_row(task, config, peers, calls_k)
             rows.append(peer)
-            row["vs_purejaxrl"] = row["steps_per_s"] / peer["steps_per_s"]
+            row[f"vs_{peer['side']}"] = row["steps_per_s"] / peer["steps_per_s"]
         if task == "cartpole":
             pooled = child("envpool", task, args.quick)
             rows.append({"task": task, "env": "CartPole-v1 (envpool)",
@@ -235,17 +279,45 @@ def main() -> None:
             row["vs_envpool"] = row["steps_per_s"] / pooled["steps_per_s"]
     notes = [f"Medians of {len(ours)} runs per side, the sides alternating, each a fresh "
              "process; compile time apart; steps/s over the steady state (jaxwm: every call "
-             "after the first; PureJaxRL: the compiled run).",
-             f"PureJaxRL: purejaxrl/ppo.py at {peer_commit(args)}, unchanged "
+             "after the first; the peers: the compiled run).",
+             f"PureJaxRL: purejaxrl/ppo.py at {peer_commit(args.purejaxrl_src)}, unchanged "
              "(benchmarks/peers/purejaxrl_ppo.py for the shims)." if args.purejaxrl_src else
-             "No PureJaxRL checkout given: jaxwm's rows only."]
+             "No PureJaxRL checkout given: no purejaxrl rows.",
+             f"Craftax_Baselines: ppo_rnn.py at {peer_commit(args.craftax_src)}, unchanged, "
+             "its defaults (optimistic resets, ratio 16: a step resets num_envs / 16 fresh "
+             "worlds shared among the envs that finished; jaxwm resets each such env from its "
+             "own key) and the pool of the row." if args.craftax_src else
+             "No Craftax_Baselines checkout given: no craftax rows."]
     columns = ["task", "env", "envs", "side", "env_steps", "steps_per_s", "compile_s",
-               "final_return", "threshold", "time_to_return_s", "vs_purejaxrl", "vs_envpool"]
+               "final_return", "threshold", "time_to_return_s", "vs_purejaxrl", "vs_craftax",
+               "vs_envpool"]
     common.write_results("jax_envs", rows, common.hardware(), notes, columns, quick=args.quick)
 
 
-def peer_commit(args) -> str:
-    out = subprocess.run(["git", "-C", args.purejaxrl_src, "rev-parse", "--short", "HEAD"],
+def mean_of(values: list) -> float | None:
+    """The mean of the values that are there (a peer's iteration without a finished
+    episode has none)."""
+    present = [v for v in values if v is not None and v == v]
+    return sum(present) / len(present) if present else None
+
+
+def peer_row(task: str, config, peers: list[dict], calls_k: int) -> dict:
+    """The peer's row: its medians, and its curve grouped in jaxwm's calls of ``calls_k``
+    iterations for the time to the threshold."""
+    med = lambda key: common.median([r[key] for r in peers])  # noqa: E731
+    curve = peers[0]["returns"]
+    grouped = [mean_of(curve[i:i + calls_k]) for i in range(calls_k, len(curve), calls_k)]
+    per_call_s = med("run_s") * calls_k / len(curve)
+    threshold = TASKS[task].threshold
+    return {"task": task, "env": config.env.id, "envs": config.env.num_envs,
+            "env_steps": peers[0]["env_steps"], "side": TASKS[task].peer,
+            "steps_per_s": med("steps_per_s"), "compile_s": med("compile_s"),
+            "final_return": mean_of(curve[-calls_k:]), "threshold": threshold,
+            "time_to_return_s": time_to(grouped, threshold, per_call_s)}
+
+
+def peer_commit(source: str) -> str:
+    out = subprocess.run(["git", "-C", source, "rev-parse", "--short", "HEAD"],
                          capture_output=True, text=True)
     return out.stdout.strip() or "an unknown commit"
 
@@ -273,7 +345,7 @@ def learning(args) -> None:
         curves = {"jaxwm": (np.asarray(ours["returns"]), ours["env_steps_per_call"],
                             ours["wall_s"])}
         if args.purejaxrl_src:
-            settings = dict(TASKS["minatar_breakout"][1], env=game)
+            settings = dict(TASKS["minatar_breakout"].settings, env=game)
             flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in settings.items())
             peer = common.run_peer(
                 f"{args.purejaxrl_python} {os.path.join(HERE, 'peers', 'purejaxrl_ppo.py')} "
@@ -308,7 +380,7 @@ def learning(args) -> None:
              "iteration's mean over its envs' last finished episodes).",
              f"Figure: docs/figures/{os.path.basename(figure)}."]
     if args.purejaxrl_src:
-        notes.append(f"PureJaxRL: purejaxrl/ppo.py at {peer_commit(args)}, unchanged, its "
+        notes.append(f"PureJaxRL: purejaxrl/ppo.py at {peer_commit(args.purejaxrl_src)}, unchanged, its "
                      "runs vmapped over split(PRNGKey(30), seeds).")
     common.write_results("jax_envs_learning", rows, common.hardware(), notes,
                          ["game", "side", "seeds", "env_steps", "wall_s", "final_mean",

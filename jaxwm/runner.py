@@ -12,7 +12,7 @@ from jaxwm.config import ConfigError, check_ranges, validate_common
 
 
 def default_workdir(config) -> str:
-    env = str(config.env.id).replace("/", "_")
+    env = str(config.env.id).replace("/", "_").replace(":", "-")  # gymnax:CartPole-v1
     return f"runs/{config.algo}_{env}_s{config.seed}"
 
 

@@ -116,6 +116,28 @@ def test_actor_critic_with_each_backbone(name):
         assert float(jnp.abs(grad[:, -2]).sum()) > 0  # the step before
 
 
+@pytest.mark.parametrize("name, block", [("ff", "ff"), ("gru", "rnn"), ("lstm", "rnn"),
+                                         ("mamba", None)])
+def test_each_head_gets_the_hidden_layers_of_its_backbones_block(name, block):
+    """``ff.head_hidden`` (BenchNetRL's FF agent) and ``rnn.head_hidden`` (Craftax_Baselines'
+    GRU agent) give each head that many ReLU layers; the other backbones' heads read the
+    backbone directly."""
+    from jaxwm.envs.types import EnvSpec
+
+    spec = EnvSpec(env_id="CartPole-v1", family="classic", obs_shape=(4,), obs_dtype=np.float32,
+                   num_envs=BATCH, discrete=True, num_actions=2, action_shape=(),
+                   action_low=None, action_high=None, max_episode_steps=500)
+    overrides = {f"{block}.head_hidden": (6, 7)} if block else {}
+    net = make_actor_critic(spec, network_config(name, **overrides))
+    assert net.head_hidden == ((6, 7) if block else ())
+    carry = net.initialize_carry(BATCH)
+    obs, reset = jnp.zeros((BATCH, STEPS, 4)), jnp.zeros((BATCH, STEPS), bool)
+    params = net.init(jax.random.PRNGKey(0), carry, obs, reset)["params"]
+    widths = sorted(leaf.shape[-1] for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+                    if "MLP" in jax.tree_util.keystr(path) and leaf.ndim == 2)
+    assert widths.count(6) == (2 if block else 0) and widths.count(7) == (2 if block else 0)
+
+
 @pytest.mark.parametrize("overrides,message", [
     ({"backbone": "lstn"}, "Did you mean 'lstm'"),
     ({"backbone": "gtrxl", "trxl.dim": 10, "trxl.heads": 3}, "divisible by the heads"),

@@ -142,6 +142,7 @@ def test_craftax_classic_symbolic_steps_as_craftax_does_without_its_auto_reset()
     assert env.spec.num_actions == 17 and env.spec.obs_shape == (1345,)
     assert env.spec.max_episode_steps == 10_000
     state, first = env.xla_reset()
+    first_types = jax.tree.map(jax.typeof, state)
     theirs = make_craftax_env_from_name("Craftax-Classic-Symbolic-v1", auto_reset=False)
     params = theirs.default_params.replace(max_timesteps=suites.UNLIMITED)
     key, reset_key, _ = split3(jax.random.PRNGKey(0))
@@ -153,6 +154,9 @@ def test_craftax_classic_symbolic_steps_as_craftax_does_without_its_auto_reset()
         state, row = env.xla_step(state, jnp.array([action]))
         np.testing.assert_array_equal(row.obs[0], obs)
         assert float(row.reward[0]) == float(reward)
+    # Craftax's reset leaves weakly typed scalars its step makes strong; the pool's state has
+    # one type throughout, or each program taking it would compile twice.
+    assert jax.tree.map(jax.typeof, state) == first_types
 
 
 @pytest.mark.slow  # the first import of Craftax's pixel envs renders its textures (~1 min)

@@ -133,6 +133,10 @@ class NativeEnv:
     def _start(self, keys) -> tuple[NativeState, StepResult]:
         carried, reset_keys, _ = _split_each(keys)
         raw, inner = jax.vmap(self._task.reset)(reset_keys)
+        # A suite's reset may leave Python scalars in its state (weakly typed arrays, e.g.
+        # Craftax's player_direction), which its step makes strong: the state's types would
+        # change after the first step and recompile every program that takes it.
+        inner = jax.tree.map(lambda x: jnp.asarray(x, x.dtype), inner)
         n = self.num_envs
         zeros, falses = jnp.zeros(n, jnp.float32), jnp.zeros(n, bool)
         state = NativeState(inner=inner, key=carried, elapsed=jnp.zeros(n, jnp.int32),

@@ -11,8 +11,9 @@ Layout follows CleanRL: pixels use one shared torso (Nature CNN) for both heads;
 feed-forward backbone, vector observations may use separate actor and critic MLPs
 (``separate_critic``). With a memory backbone both heads always read the backbone's output,
 so the critic sees the memory too (BenchNetRL's agents do the same). Each head may have its
-own hidden layers (``head_hidden``; BenchNetRL's FF agent has two of 512, its memory agents
-none). Output layers use orthogonal init with gain 0.01 (policy) and 1.0 (value).
+own hidden layers (``ff.head_hidden``, ``rnn.head_hidden``; BenchNetRL's FF agent has two of
+512, its memory agents none, Craftax_Baselines' GRU agent two of 512). Output layers use
+orthogonal init with gain 0.01 (policy) and 1.0 (value).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def config_block(**overrides) -> ml_collections.ConfigDict:
     n.frames = 1  # > 1: the last `frames` vector observations, concatenated ("PPO-4")
     n.separate_critic = True  # ff only: the critic gets its own MLP on the observation
     n.ff = ml_collections.ConfigDict(dict(head_hidden=()))  # BenchNetRL's FF heads: (512, 512)
-    n.rnn = ml_collections.ConfigDict(dict(hidden=256))  # lstm, gru
+    n.rnn = ml_collections.ConfigDict(dict(hidden=256, head_hidden=()))  # lstm, gru
     n.trxl = ml_collections.ConfigDict(dict(dim=512, layers=1, heads=2, memory=64))  # trxl, gtrxl
     # BenchNetRL trains the Mamba block at lr 1e-4 with the rest at 2.5e-4: a scale of 0.4.
     # scan: auto (sequential on CPU, associative on accelerators) | associative | sequential
@@ -68,6 +69,8 @@ FIELDS = {
     "separate_critic": (None, "ff on vectors: the critic gets an MLP of its own (CleanRL's)."),
     "ff.head_hidden": ("> 0", "ff: hidden ReLU layers of each head (BenchNetRL's: 512, 512)."),
     "rnn.hidden": ("> 0", "lstm, gru: hidden state size."),
+    "rnn.head_hidden": ("> 0", "lstm, gru: hidden ReLU layers of each head (Craftax_Baselines': "
+                        "512, 512)."),
     "trxl.dim": ("> 0", "trxl, gtrxl: model width (divisible by heads)."),
     "trxl.layers": ("> 0", "trxl, gtrxl: transformer blocks (Dai et al. 2019)."),
     "trxl.heads": ("> 0", "trxl, gtrxl: attention heads."),
@@ -191,6 +194,13 @@ def validate(spec, net_config) -> None:
                           f"{spec.env_id} has pixels: set env.frame_stack instead (Atari).")
 
 
+def head_layers(net_config) -> tuple[int, ...]:
+    """The hidden layers of each head: the backbone's own setting (ff, lstm and gru have
+    one; the others' heads read the backbone directly)."""
+    block = {"ff": "ff", "lstm": "rnn", "gru": "rnn"}.get(net_config.backbone)
+    return tuple(net_config[block].head_hidden) if block else ()
+
+
 def make_actor_critic(spec, net_config) -> ActorCritic:
     """Builds the network for an EnvSpec from a config's ``network`` block."""
     validate(spec, net_config)
@@ -205,7 +215,7 @@ def make_actor_critic(spec, net_config) -> ActorCritic:
         memory=None if feed_forward else backbones.make(net_config),
         frames=int(net_config.frames),
         obs_size=int(np.prod(spec.obs_shape)) if not spec.is_pixels else 0,
-        head_hidden=tuple(net_config.ff.head_hidden) if feed_forward else (),
+        head_hidden=head_layers(net_config),
         # A memory backbone's critic reads the backbone: a separate MLP would bypass the memory.
         separate_critic=bool(net_config.separate_critic) and encoder == "mlp" and feed_forward,
     )
