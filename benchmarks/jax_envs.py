@@ -231,6 +231,8 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=2_000_000, help="--learning: env steps a seed")
     p.add_argument("--num-seeds", type=int, default=3, help="--learning: seeds per side")
     p.add_argument("--games", default=",".join(LEARNING_GAMES), help="--learning: MinAtar games")
+    p.add_argument("--peer-seeds-apart", action="store_true",
+                   help="--learning: PureJaxRL's seeds one run each, not vmapped")
     p.add_argument("--measure", help=argparse.SUPPRESS)
     p.add_argument("--task", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -328,6 +330,26 @@ def final_return(curve, share: float = 0.1) -> float:
     return float(sum(curve[-tail:]) / tail)
 
 
+def peer_learning(args, game: str, budget: int) -> tuple:
+    """PureJaxRL's curves on ``game``: its seeds vmapped in one run (its README's way), or with
+    ``--peer-seeds-apart`` one run a seed (``--seed 30 + i``), for the games whose vmapped runs
+    hang on XLA:CPU: ``(curves [seeds, iterations], env steps a point, wall seconds)``."""
+    import numpy as np
+
+    settings = dict(TASKS["minatar_breakout"].settings, env=game)
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in settings.items())
+    command = (f"{args.purejaxrl_python} {os.path.join(HERE, 'peers', 'purejaxrl_ppo.py')} "
+               f"--src {args.purejaxrl_src} {flags} --total-timesteps {budget} --repeats 1")
+    if args.peer_seeds_apart:
+        runs = [common.run_peer(f"{command} --seed {30 + i}", timeout=8 * 60, tries=2)
+                for i in range(args.num_seeds)]
+    else:
+        runs = [common.run_peer(f"{command} --num-seeds {args.num_seeds}", timeout=8 * 60,
+                                tries=2)]
+    curves = np.concatenate([np.atleast_2d(run["returns"]) for run in runs])
+    return curves, 64 * 128, sum(run["run_s"] + run["compile_s"] for run in runs)
+
+
 def learning(args) -> None:
     """PPO on MinAtar games beside PureJaxRL's, same settings and budget, seeds vmapped on
     both sides: curves (a figure), each seed's final return, and the comparison."""
@@ -345,14 +367,7 @@ def learning(args) -> None:
         curves = {"jaxwm": (np.asarray(ours["returns"]), ours["env_steps_per_call"],
                             ours["wall_s"])}
         if args.purejaxrl_src:
-            settings = dict(TASKS["minatar_breakout"].settings, env=game)
-            flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in settings.items())
-            peer = common.run_peer(
-                f"{args.purejaxrl_python} {os.path.join(HERE, 'peers', 'purejaxrl_ppo.py')} "
-                f"--src {args.purejaxrl_src} {flags} --total-timesteps {budget} --repeats 1 "
-                f"--num-seeds {args.num_seeds}", timeout=8 * 60, tries=2)
-            curves["purejaxrl"] = (np.atleast_2d(peer["returns"]), 64 * 128,
-                                   peer["run_s"] + peer["compile_s"])
+            curves["purejaxrl"] = peer_learning(args, game, budget)
         ax = fig.add_subplot(1, len(games), i + 1)
         for side, (curve, per_point, wall_s) in curves.items():
             x = per_point * np.arange(1, curve.shape[1] + 1)
@@ -374,14 +389,16 @@ def learning(args) -> None:
     fig.savefig(figure, dpi=110)
     notes = [f"PPO at PureJaxRL's MinAtar settings (ppo:minatar: 64 envs x 128 steps, lr 5e-3 "
              f"annealed, 8 minibatches, relu MLP on the flattened frames), {budget:,} env steps "
-             "per seed, seeds vmapped in one program on each side.",
+             "per seed; jaxwm's seeds vmapped in one program (PureJaxRL's: the last note).",
              "final: the mean training return over each run's last 10% of points (jaxwm: its "
              "calls' mean over finished episodes, 4 iterations a call; PureJaxRL: each "
              "iteration's mean over its envs' last finished episodes).",
              f"Figure: docs/figures/{os.path.basename(figure)}."]
     if args.purejaxrl_src:
-        notes.append(f"PureJaxRL: purejaxrl/ppo.py at {peer_commit(args.purejaxrl_src)}, unchanged, its "
-                     "runs vmapped over split(PRNGKey(30), seeds).")
+        seeds = ("one run a seed, PRNGKey(30 + i)" if args.peer_seeds_apart
+                 else "its seeds vmapped over split(PRNGKey(30), seeds)")
+        notes.append(f"PureJaxRL: purejaxrl/ppo.py at {peer_commit(args.purejaxrl_src)}, "
+                     f"unchanged, {seeds}.")
     common.write_results("jax_envs_learning", rows, common.hardware(), notes,
                          ["game", "side", "seeds", "env_steps", "wall_s", "final_mean",
                           "final_sem", "finals"], quick=args.quick)
