@@ -30,8 +30,9 @@ def test_the_wheel_installs_and_runs_from_an_empty_directory(tmp_path):
     (wheel,) = glob.glob(str(dist / "jaxwm-*.whl"))
     run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], cwd=tmp_path)
     python, jaxwm_bin = str(venv / "bin" / "python"), str(venv / "bin" / "jaxwm")
-    run([python, "-m", "pip", "install", "-q", "--no-deps", wheel], cwd=tmp_path)
+    # Without PYTHONPATH throughout: a checkout on it would make pip take jaxwm as installed.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    run([python, "-m", "pip", "install", "-q", "--no-deps", wheel], cwd=tmp_path, env=env)
 
     where = run([python, "-c", "import jaxwm; print(jaxwm.__file__)"], cwd=work, env=env)
     assert where.startswith(str(venv)), where
