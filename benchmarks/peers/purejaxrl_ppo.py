@@ -57,6 +57,7 @@ def main() -> None:
     p.add_argument("--total-timesteps", type=float, default=5e5)
     p.add_argument("--lr", type=float, default=2.5e-4)
     p.add_argument("--num-minibatches", type=int, default=4)
+    p.add_argument("--update-epochs", type=int, default=4)
     p.add_argument("--activation", default="tanh")
     p.add_argument("--seed", type=int, default=30)
     p.add_argument("--repeats", type=int, default=2)
@@ -89,7 +90,7 @@ def main() -> None:
     import ppo
 
     config = {"LR": args.lr, "NUM_ENVS": args.num_envs, "NUM_STEPS": args.num_steps,
-              "TOTAL_TIMESTEPS": args.total_timesteps, "UPDATE_EPOCHS": 4,
+              "TOTAL_TIMESTEPS": args.total_timesteps, "UPDATE_EPOCHS": args.update_epochs,
               "NUM_MINIBATCHES": args.num_minibatches, "GAMMA": 0.99, "GAE_LAMBDA": 0.95,
               "CLIP_EPS": 0.2, "ENT_COEF": 0.01, "VF_COEF": 0.5, "MAX_GRAD_NORM": 0.5,
               "ACTIVATION": args.activation, "ENV_NAME": args.env, "ANNEAL_LR": True,
