@@ -206,6 +206,19 @@ def test_playground_repeats_actions_sums_rewards_and_truncates_at_jaxwms_limit()
     assert float(row.reward[0]) == 0.0 and not bool(row.episode_over[0])
 
 
+def test_a_playground_task_with_dict_observations_is_refused_in_one_line(monkeypatch):
+    """Playground's locomotion tasks observe dicts; jaxwm's Playground adapter takes one
+    state vector (the DM Control Suite's), and says so before anything is built."""
+    import types
+
+    env = types.SimpleNamespace(observation_size={"state": (3,), "privileged_state": (5,)},
+                                action_size=1)
+    registry = types.SimpleNamespace(load=lambda name, config_overrides: env)
+    monkeypatch.setattr(suites, "_playground_registry", lambda: registry)
+    with pytest.raises(ConfigError, match=r"observes a dict \(state, privileged_state\)"):
+        suites._playground_task("Go1JoystickFlatTerrain", {})
+
+
 @pytest.mark.parametrize("env_id, error, match", [
     ("gymnax:CartPole-v2", UnknownEnvError, "Did you mean: gymnax:CartPole-v1"),
     ("gym:CartPole-v1", UnknownEnvError, "Unknown env suite 'gym'.*gymnax"),

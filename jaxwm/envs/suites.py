@@ -155,6 +155,9 @@ def _playground_task(name: str, env_config: Mapping[str, Any]) -> Task:
     repeat = int(env_config.get("frame_skip", 1))
     if repeat < 1:
         raise ConfigError(f"env.frame_skip={repeat} must be >= 1 (1: no action repeat).")
+    if isinstance(env.observation_size, Mapping):  # e.g. {"state": ..., "privileged_state"}
+        raise ConfigError(f"playground:{name} observes a dict ({', '.join(env.observation_size)}); "
+                          "jaxwm takes Playground's tasks with one state vector.")
 
     def step(key, state, action):
         del key  # Playground keeps its own key in the state (state.info["rng"])
