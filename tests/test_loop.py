@@ -641,6 +641,13 @@ def test_a_key_added_after_the_run_started_differs_only_off_its_default():
     assert config_differences(saved, {"env": {"id": "CartPole-v1", "batch_size": 4}, "seed": 1}) == [
         "env.batch_size: saved '<absent>', now 4"]
     assert config_differences({**saved, "seed": 1}, {"env": {"id": "CartPole-v1"}, "seed": 2})
+    # The same for the network block's keys (a GRU run saved before rnn.head_hidden existed).
+    old = {"network": {"backbone": "gru", "rnn": {"hidden": 64}}}
+    new = lambda heads: {"network": {"backbone": "gru", "rnn": {"hidden": 64,  # noqa: E731
+                                                                "head_hidden": heads}}}
+    assert config_differences(old, new([])) == []
+    assert config_differences(old, new([512, 512])) == [
+        "network.rnn.head_hidden: saved '<absent>', now [512, 512]"]
 
 
 def test_a_new_name_linked_to_a_saved_setting_is_no_difference():

@@ -129,16 +129,21 @@ def config_differences(saved: dict, current: dict,
                        linked: dict[str, list[str]] | None = None,
                        settings: tuple[str, ...] = ()) -> list[str]:
     """``"key: saved a, now b"`` for every setting that differs. A key the run's saved config
-    lacks is no difference when it holds ``base_config()``'s default (the library added it
-    after the run started, and the default keeps the old behaviour, e.g. ``env.batch_size``),
+    lacks is no difference when it holds ``base_config()``'s default or the network block's
+    (the library added it after the run started, and the default keeps the old behaviour,
+    e.g. ``env.batch_size``, ``network.rnn.head_hidden``),
     or when it is another name (``linked``, from ``linked_keys``) of a setting the saved config
     holds with the same value (e.g. ``model_size``, added as a name of ``dreamer.model_size``).
     Settings that may change on resume (``resumable``, with the algorithm's ``settings``) are
     left out."""
     from jaxwm.config import base_config
+    from jaxwm.nets import actor_critic
 
     saved_flat, current_flat = flatten(saved), flatten(current)
-    added_later = flatten(config_to_json_dict(base_config()))
+    # The shared blocks' defaults: base_config's and the actor-critic's network block (e.g.
+    # network.rnn.head_hidden, added later; its default () keeps the old heads).
+    added_later = {**flatten(config_to_json_dict(base_config())),
+                   **flatten({"network": config_to_json_dict(actor_critic.config_block())})}
     linked = linked or {}
     diffs = []
     for key in sorted(set(saved_flat) | set(current_flat)):
