@@ -18,11 +18,10 @@ Prints one JSON line: ``{"env", "num_envs", "num_steps", "env_steps", "compile_s
 episodes that finished in it (its logged ``returned_episode_returns``; NaN where none did).
 """
 import argparse
-import json
 import os
-import statistics
 import sys
-import time
+
+from jax_timing import compile_and_run, report
 
 
 def main() -> None:
@@ -52,22 +51,10 @@ def main() -> None:
               "LAYER_SIZE": args.layer_size, "USE_OPTIMISTIC_RESETS": args.optimistic_resets,
               "OPTIMISTIC_RESET_RATIO": 16}
     key = jax.random.PRNGKey(args.seed)
-    start = time.perf_counter()
-    train = jax.jit(ppo_rnn.make_train(config)).lower(key).compile()
-    compile_s = time.perf_counter() - start
-    runs, out = [], None
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        out = jax.block_until_ready(train(key))
-        runs.append(time.perf_counter() - start)
+    compile_s, runs, out = compile_and_run(ppo_rnn.make_train(config), key, args.repeats)
     env_steps = config["NUM_UPDATES"] * args.num_envs * args.num_steps
     returns = np.asarray(out["metric"]["returned_episode_returns"], np.float64)
-    run_s = statistics.median(runs)
-    print(json.dumps({"env": args.env, "num_envs": args.num_envs, "num_steps": args.num_steps,
-                      "env_steps": env_steps, "compile_s": compile_s, "run_s": run_s,
-                      "steps_per_s": env_steps / run_s, "runs_s": runs,
-                      "returns": [None if np.isnan(r) else float(r) for r in returns]}))
-
+    report(args, env_steps, compile_s, runs, [None if np.isnan(r) else float(r) for r in returns])
 
 if __name__ == "__main__":
     os.environ.setdefault("WANDB_MODE", "disabled")

@@ -26,12 +26,11 @@ seed with ``--num-seeds``; steps/s counts one seed's steps.
 """
 import argparse
 import importlib.util
-import json
 import os
-import statistics
 import sys
-import time
 import types
+
+from jax_timing import compile_and_run, report
 
 # What gymnax 1.0's ``step`` adds to the info of gymnax 0.0.x, which PureJaxRL stores for every
 # step (its ``traj_batch.info``): the final observation alone is another observation per env
@@ -99,24 +98,11 @@ def main() -> None:
     train = ppo.make_train(config)
     if args.num_seeds > 1:
         key, train = jax.random.split(key, args.num_seeds), jax.vmap(train)
-    start = time.perf_counter()
-    train = jax.jit(train).lower(key).compile()
-    compile_s = time.perf_counter() - start
-    runs, out = [], None
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        out = jax.block_until_ready(train(key))
-        runs.append(time.perf_counter() - start)
+    compile_s, runs, out = compile_and_run(train, key, args.repeats)
     updates = int(args.total_timesteps // (args.num_envs * args.num_steps))
-    env_steps = updates * args.num_envs * args.num_steps
     # [(seeds,) updates, steps, envs] -> the last step's mean over envs, per update
     returns = np.asarray(out["metrics"]["returned_episode_returns"])[..., -1, :].mean(-1)
-    run_s = statistics.median(runs)
-    print(json.dumps({"env": args.env, "num_envs": args.num_envs, "num_steps": args.num_steps,
-                      "env_steps": env_steps, "compile_s": compile_s, "run_s": run_s,
-                      "steps_per_s": env_steps / run_s, "runs_s": runs,
-                      "returns": returns.tolist()}))
-
+    report(args, updates * args.num_envs * args.num_steps, compile_s, runs, returns.tolist())
 
 if __name__ == "__main__":
     main()
