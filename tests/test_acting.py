@@ -124,6 +124,18 @@ def test_warmup_acts_at_random_until_told_and_leaves_the_carry_alone():
     assert float(carry) == 1.0 and bool(jnp.all(action == 5.0))
 
 
+def test_groups_split_and_merge_zero_size_leaves():
+    """MJX's ``Data`` carries zero-size arrays (``[envs, 0]``), whose rows a ``-1`` cannot
+    infer: seeds split and merge them as any other leaf."""
+    tree = {"rows": jnp.arange(12.0).reshape(4, 3), "empty": jnp.zeros((4, 0))}
+    split = acting.split_groups(tree, 2)
+    assert split["rows"].shape == (2, 2, 3) and split["empty"].shape == (2, 2, 0)
+    np.testing.assert_array_equal(split["rows"][1], tree["rows"][2:])
+    merged = acting.merge_groups(split)
+    assert merged["empty"].shape == (4, 0)
+    np.testing.assert_array_equal(merged["rows"], tree["rows"])
+
+
 def test_a_grouped_policy_acts_as_each_group_alone():
     def act(params, carry, obs, is_first, key, temperature=1.0):
         noise = jax.random.normal(key, (obs.shape[0],))

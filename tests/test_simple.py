@@ -103,6 +103,46 @@ def test_one_update_lowers_the_pixel_loss_on_a_fixed_batch():
     assert loss(params) < before - 0.05
 
 
+def test_minatar_frames_take_two_classes_per_cell_and_their_channels():
+    """MinAtar's 10 x 10 frames of 4 object channels, cells 0 or 255: the minatar model's
+    logits are 2 classes per cell and channel, its two compress steps and 4 / 2 inference
+    convolutions fit 10 pixels; class 1 is 255, and back."""
+    net = nextframe.NextFramePredictor(nextframe.SIZES["minatar"], channels=4, pixel_classes=2)
+    stack = jnp.zeros((2, 10, 10, 4), jnp.uint8)
+    params = jax.eval_shape(lambda: net.init(
+        {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(0),
+         "latent": jax.random.PRNGKey(0)}, stack.astype(jnp.float32), jnp.zeros((2, 3)),
+        jnp.zeros((2, 10, 10, 4)), 1.0, True))
+    logits, *_ = jax.eval_shape(lambda p: nextframe.make_apply(net, 3)(
+        p, stack, jnp.array([0, 2]), jax.random.PRNGKey(0), stack, 0.5, train=True), params)
+    assert logits.shape == (2, 10, 10, 4, 2)
+    cells = jnp.array([0, 255, 255, 0], jnp.uint8)
+    np.testing.assert_array_equal(nextframe.pixel_classes_of(cells, 2), [0, 1, 1, 0])
+    np.testing.assert_array_equal(nextframe.pixel_values(jnp.array([[3.0, 1.0], [0.0, 2.0]])),
+                                  [0, 255])
+    # 256 classes are the values themselves; 3 are 0, 127 and 255 (each value to its nearest).
+    values = jnp.array([0, 63, 64, 200, 255], jnp.uint8)
+    np.testing.assert_array_equal(nextframe.pixel_classes_of(values, 256), values)
+    np.testing.assert_array_equal(nextframe.pixel_classes_of(values, 3), [0, 0, 1, 2, 2])
+    np.testing.assert_array_equal(nextframe.pixel_values(jax.nn.one_hot(jnp.arange(3), 3)),
+                                  [0, 127, 255])
+    # The loss reads the target's class: a cell of 255 with class 1 certain costs nothing.
+    certain = jnp.array([-1e9, 0.0])[None, None, None, None]
+    assert nextframe.pixel_loss(certain, jnp.full((1, 1, 1, 1), 255, jnp.uint8))[0] == \
+        pytest.approx(0.0, abs=1e-6)
+
+
+def test_object_channels_are_drawn_in_their_colours_the_highest_on_top():
+    frame = jnp.zeros((1, 3, 4), jnp.uint8).at[0, 1, 0].set(255).at[0, 2, 0].set(255) \
+        .at[0, 2, 3].set(255)
+    rgb = frames.as_rgb(frame)
+    np.testing.assert_array_equal(rgb[0, 0], [0, 0, 0])  # no channel on: black
+    np.testing.assert_array_equal(rgb[0, 1], frames.PALETTE[0])
+    np.testing.assert_array_equal(rgb[0, 2], frames.PALETTE[3])  # channels 0 and 3: 3's colour
+    rgb_frame = jnp.arange(12, dtype=jnp.uint8).reshape(2, 2, 3)
+    np.testing.assert_array_equal(frames.as_rgb(rgb_frame), rgb_frame)  # RGB as it is
+
+
 def test_pixel_loss_is_clipped_cross_entropy():
     logits = jnp.log(jnp.array([[[[[0.5, 0.5] + [0.0] * 254]]]]) + 1e-30)  # [1,1,1,1,256]
     assert nextframe.pixel_loss(logits, jnp.zeros((1, 1, 1, 1), jnp.uint8))[0] == \
@@ -327,8 +367,10 @@ def test_the_simulator_scan_equals_stepping_it_in_a_python_loop():
 
 
 @pytest.mark.parametrize("override,message", [
-    ({"env.id": "CartPole-v1"}, "not one of the 26 Atari 100k games"),
-    ({"env.id": "VideoPinball-v5"}, "not one of the 26 Atari 100k games"),
+    ({"env.id": "CartPole-v1"}, "neither one of the 26 Atari 100k games"),
+    ({"env.id": "VideoPinball-v5"}, "neither one of the 26 Atari 100k games"),
+    ({"env.id": "gymnax:CartPole-v1"}, "nor a MinAtar game"),
+    ({"env.id": "gymnax:Breakout-MinAtar"}, "MinAtar's frames are not stacked"),
     ({"strategy": "balanced"}, "simple.strategy='balanced' is unknown"),
     ({"simple.model_size": "huge"}, "simple.model_size='huge' does not exist"),
     ({"simple.reward_head": "conv"}, "simple.reward_head='conv'"),

@@ -86,17 +86,18 @@ def scheduled_epsilon(step, decay_steps: int):
 # ----------------------------------------------------------------------------- the replay
 
 
-def replay_example(height: int, width: int) -> dict:
-    """One step of SimPLe's replay (module docstring)."""
-    return {"frame": jnp.zeros((CHANNELS, height, width), jnp.uint8),
+def replay_example(height: int, width: int, channels: int = CHANNELS) -> dict:
+    """One step of SimPLe's replay (module docstring); a frame has ``channels``."""
+    return {"frame": jnp.zeros((channels, height, width), jnp.uint8),
             "action": jnp.zeros((), jnp.int32), "reward": jnp.zeros((), jnp.int8),
             "is_first": jnp.zeros((), bool), "done": jnp.zeros((), bool),
             "value": jnp.zeros(()), "value_known": jnp.zeros((), bool)}
 
 
-def records(steps: acting.Steps) -> dict:
-    """A collect's steps as replay rows (values filled in later by ``fill_values``)."""
-    return {"frame": steps.obs[:, :, -CHANNELS:], "action": steps.action,
+def records(steps: acting.Steps, channels: int = CHANNELS) -> dict:
+    """A collect's steps as replay rows, the newest frame (its last ``channels``) of each
+    stack (values filled in later by ``fill_values``)."""
+    return {"frame": steps.obs[:, :, -channels:], "action": steps.action,
             "reward": (jnp.sign(steps.reward) + 1).astype(jnp.int8),
             "is_first": steps.is_first, "done": steps.done,
             "value": jnp.zeros(steps.reward.shape), "value_known": jnp.zeros_like(steps.done)}
@@ -168,6 +169,11 @@ class SimPLeAgent:
     width: int
 
     @property
+    def channels(self) -> int:
+        """Channels of one frame: 3 (Atari's RGB) or MinAtar's object channels."""
+        return self.simulator.channels
+
+    @property
     def apply(self):
         return self.simulator.apply
 
@@ -183,16 +189,17 @@ class SimPLeAgent:
         """``(ModelLearner, ppo.Learner, replay)`` of one seed."""
         k_model, k_agent = jax.random.split(key)
         frames, num_actions = self.cfg.frames, self.simulator.action_dim
-        stack = jnp.zeros((1, self.height, self.width, frames * CHANNELS))
+        stack = jnp.zeros((1, self.height, self.width, frames * self.channels))
         params = self.net.init({"params": k_model, "dropout": k_model, "latent": k_model},
                                stack, jnp.zeros((1, num_actions)),
-                               jnp.zeros((1, self.height, self.width, CHANNELS)), 1.0, True)
+                               jnp.zeros((1, self.height, self.width, self.channels)), 1.0,
+                               True)
         model = ModelLearner(params, self.model_opt.init(params), self.reward_opt.init(params),
                              jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
         agent = ppo.init_learner(self.network, self.agent_opt, spec, k_agent,
                                  self.cfg.sim.num_agents)
-        replay = SequenceReplay.create(capacity, replay_example(self.height, self.width),
-                                       num_envs)
+        replay = SequenceReplay.create(
+            capacity, replay_example(self.height, self.width, self.channels), num_envs)
         return model, agent, replay
 
     # ------------------------------------------------------------------ world model
@@ -244,10 +251,10 @@ class SimPLeAgent:
                 k_loss, counts)
             updates, opt_state = self.model_opt.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
-            predicted = jnp.argmax(logits, -1).astype(jnp.uint8)
+            predicted = nextframe.pixel_values(logits)
             real = jax.random.uniform(k_feed, (stack.shape[0], 1, 1, 1)) < epsilon
             fed = fr.median_noise(k_noise, jnp.where(real, target, predicted), s.input_noise)
-            stack = jnp.concatenate([stack[..., CHANNELS:], fed], -1)
+            stack = jnp.concatenate([stack[..., self.channels:], fed], -1)
             return (params, opt_state, stack, key), metrics
 
         (params, opt_state, _, _), metrics = jax.lax.scan(
@@ -357,9 +364,9 @@ class SimPLeAgent:
             logits, _, _, _ = self.apply(params, stack, action, k_open)
             _, reward_logits, _, _ = self.apply(params, teacher_stack, action, k_teacher,
                                                 features_only=True)
-            frame = jnp.argmax(logits, -1).astype(jnp.uint8)
-            stack = jnp.concatenate([stack[..., CHANNELS:], frame], -1)
-            teacher_stack = jnp.concatenate([teacher_stack[..., CHANNELS:], target], -1)
+            frame = nextframe.pixel_values(logits)
+            stack = jnp.concatenate([stack[..., self.channels:], frame], -1)
+            teacher_stack = jnp.concatenate([teacher_stack[..., self.channels:], target], -1)
             return (stack, teacher_stack, key), (frame, jnp.argmax(reward_logits, -1))
 
         xs = (jnp.swapaxes(w["action"][:, acting_rows], 0, 1), jnp.swapaxes(targets, 0, 1))
@@ -367,18 +374,21 @@ class SimPLeAgent:
         predicted, reward_pred = jnp.swapaxes(predicted, 0, 1), jnp.swapaxes(reward_pred, 0, 1)
         return frame_metrics(predicted, targets, last_real, valid) | reward_recall(
             reward_pred, w["reward"][:, frames:].astype(jnp.int32), valid) | {
-            "model/report_video": Video(jnp.concatenate([predicted[0], targets[0]], 2),
-                                        fps=8)}
+            "model/report_video": Video(fr.as_rgb(jnp.concatenate([predicted[0], targets[0]],
+                                                                  2)), fps=8)}
 
 
 def make(spec, config, anneal_updates: int, mesh) -> SimPLeAgent:
-    """The agent for an Atari ``EnvSpec`` from a config's ``simple``, ``ppo`` and ``network``
-    blocks, PPO's rate annealed over ``anneal_updates`` (if at all), batches split over
-    ``mesh``."""
+    """The agent for a pixel ``EnvSpec`` (Atari's RGB stacks or MinAtar's channels, the
+    stack's channels ``simple.frames`` frames' worth) from a config's ``simple``, ``ppo`` and
+    ``network`` blocks, PPO's rate annealed over ``anneal_updates`` (if at all), batches split
+    over ``mesh``."""
     s = config.simple
     online = s.strategy == "online"
+    channels = spec.obs_shape[0] // s.frames
     net = nextframe.NextFramePredictor(nextframe.SIZES[s.model_size], s.reward_head,
-                                       s.stochastic, detach_reward=not online)
+                                       s.stochastic, detach_reward=not online,
+                                       channels=channels, pixel_classes=s.pixel_classes)
     # The reward head has an optimiser of its own unless it trains jointly (``online``).
     labels = lambda params: nextframe.reward_head_labels(params)  # noqa: E731
     model_opt = optax.multi_transform(
@@ -391,14 +401,15 @@ def make(spec, config, anneal_updates: int, mesh) -> SimPLeAgent:
     update = ppo.make_update(network, hyper, agent_opt,
                              ppo.resolve_loop_form(config.ppo.loop_form), mesh)
     simulator = nextframe.FrameModel(nextframe.make_apply(net, spec.num_actions),
-                                     spec.num_actions, tuple(spec.obs_shape), s.frame_mode)
+                                     spec.num_actions, tuple(spec.obs_shape), s.frame_mode,
+                                     channels)
     height, width = spec.obs_shape[1:]
     return SimPLeAgent(s, net, simulator, model_opt, reward_opt, network, hyper, agent_opt,
                        update, lambda tree: parallel.constrain_batch(tree, mesh), height, width)
 
 
 def frame_metrics(predicted, target, last_real, valid) -> dict:
-    """Pixel accuracy (all three channels right), perfect-frame rate and accuracy on the
+    """Pixel accuracy (all of a pixel's channels right), perfect-frame rate and accuracy on the
     pixels that changed since the last real frame, of ``predicted`` and of copying the last
     real frame, over the ``valid`` steps ``[B, T]``."""
     weight = valid.astype(jnp.float32)

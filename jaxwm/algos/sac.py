@@ -104,5 +104,6 @@ def build(config) -> Algorithm:
 
 
 ENTRY = Entry(name="sac", build=build, validate=validate, hook_counts=hook_counts,
-              tiny="sac:tiny", capabilities=continuous_control("sac.batch_size"),
+              tiny="sac:tiny", tiny_more=("sac:playground_tiny",),
+              capabilities=continuous_control("sac.batch_size"),
               resumable=("sac.actor_lr", "sac.critic_lr", "sac.alpha_lr"))

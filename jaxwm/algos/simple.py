@@ -1,7 +1,8 @@
 """SimPLe / MBARC on the phase loop (Kaiser et al. 2020, "Model-Based Reinforcement Learning
 for Atari"; MBARC, thomas-schillaci/mbarc_atari): the wiring of the agent
 (``jaxwm.agents.simple``: the next-frame world model, its reward head, PPO in the learned
-simulator) to envpool, a replay of every step and the loop.
+simulator) to the real env (envpool's Atari, or gymnax's MinAtar: ``simple:minatar``), a replay
+of every step and the loop.
 
 Hooks (the learning each runs is described in ``agents.simple``): ``collect`` (PPO's policy
 at temperature 1 in the real env, uniformly random until ``simple.random_steps`` transitions
@@ -14,10 +15,9 @@ The schedule (``phase_hooks``): phase ``random`` collects ``random_steps`` rando
 each of ``epochs`` phases ``epoch_XX`` then runs ``collect:C, report_model, update_model:W,
 update_reward:R, update_agent:P, evaluate`` once, with W larger in epoch 0 and P multiplied at
 the epochs of ``agent_multipliers`` (SimPLe's x2 at epochs 7 and 11, x3 at 14). Evaluation is
-the loop's evaluator in the real env at ``eval.temperature`` 0.5, with the human-normalised score
-for the 26 Atari 100k games. Data parallel as Dreamer: parameters, optimisers and the replay
-replicated over the mesh, every batch split over its ``data`` axis; the real envs act on the
-process's first device.
+the loop's evaluator in the real env at ``eval.temperature`` 0.5 (the human-normalised score for
+the 26 Atari 100k games). Data parallel as Dreamer: parameters, optimisers and the replay
+replicated over the mesh, every batch split over its ``data`` axis.
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ from functools import partial
 from flax import struct
 
 from jaxwm.agents import ppo, simple
-from jaxwm.algos import DEFAULT_CANNOT, Capabilities, Entry
+from jaxwm.algos import Capabilities, Entry
 from jaxwm.config import ConfigError, require
-from jaxwm.data.frames import CHANNELS
 from jaxwm.data.replay import SequenceReplay
-from jaxwm.envs import acting
+from jaxwm.envs import acting, native
 from jaxwm.envs.stats import episode_metrics
 from jaxwm.loop.algorithm import Algorithm, Hook
 from jaxwm.loop.compile import HookCompiler
@@ -89,13 +88,16 @@ def phase_hooks(config) -> dict[str, tuple[str, ...]]:
 
 
 def validate(config) -> None:
-    s = config.simple
-    game = config.env.id.split("-")[0]
+    s, env_id, minatar = config.simple, config.env.id, native.is_minatar(config.env.id)
     per_env = config.env.num_envs * s.collect_steps
     require([
-        (atari_game(config.env.id) is not None,
-         f"env.id={config.env.id!r} is not one of the 26 Atari 100k games SimPLe is defined "
-         f"on ({game!r} unknown); choose one of {sorted(ATARI_RANDOM_HUMAN)} as '<Game>-v5'."),
+        (atari_game(env_id) is not None or minatar,
+         f"env.id={env_id!r} is neither one of the 26 Atari 100k games SimPLe is defined on "
+         f"(choose one of {sorted(ATARI_RANDOM_HUMAN)} as '<Game>-v5') nor a MinAtar game "
+         "('gymnax:Breakout-MinAtar', simple:minatar)."),
+        (not minatar or (s.frames == 1 and not config.env.flatten_obs),
+         f"{env_id}: MinAtar's frames are not stacked (their trail channels show motion) and "
+         "not flattened: set simple.frames=1, env.frame_stack=1 and env.flatten_obs=False."),
         (s.strategy in reward_balance.STRATEGIES,
          f"simple.strategy={s.strategy!r} is unknown; choose one of "
          f"{list(reward_balance.STRATEGIES)}."),
@@ -104,9 +106,10 @@ def validate(config) -> None:
          f"{list(nextframe.SIZES)}."),
         (s.reward_head in nextframe.REWARD_HEADS,
          f"simple.reward_head={s.reward_head!r}: choose one of {list(nextframe.REWARD_HEADS)}."),
-        (s.frames == config.env.frame_stack, f"simple.frames={s.frames} must equal "
-                                             f"env.frame_stack={config.env.frame_stack}."),
-        (not config.env.gray_scale, "SimPLe predicts RGB frames: set env.gray_scale=False."),
+        (s.frames == config.env.frame_stack,
+         f"simple.frames={s.frames} must equal env.frame_stack={config.env.frame_stack}."),
+        (minatar or not config.env.gray_scale,
+         "SimPLe predicts RGB frames: set env.gray_scale=False."),
         (s.random_steps % per_env == 0 and s.collect_per_epoch % per_env == 0,
          f"simple.random_steps={s.random_steps} and collect_per_epoch={s.collect_per_epoch} "
          f"must be multiples of env.num_envs * simple.collect_steps = {per_env}."),
@@ -144,9 +147,9 @@ def validate(config) -> None:
 def validate_env(config, spec) -> None:
     validate_network(spec, config.network)
     frames, size = config.simple.frames, nextframe.SIZES[config.simple.model_size]
-    if spec.obs_shape[0] != frames * CHANNELS:
+    if len(spec.obs_shape) != 3 or spec.obs_shape[0] % frames:
         raise ConfigError(f"{spec.env_id}: observations {spec.obs_shape}; SimPLe needs "
-                          f"{frames} RGB frames stacked ({frames * CHANNELS} channels).")
+                          f"{frames} frames stacked channels first ([{frames} * C, H, W]).")
     height, width = spec.obs_shape[1:]
     if config.network.encoder in ("nature_cnn", "auto") and min(height, width) < 36:
         raise ConfigError(f"{height}x{width} frames are too small for the policy's Nature CNN "
@@ -186,7 +189,8 @@ def build(config) -> Algorithm:
 
     def finish(params, start, steps, final, completed):
         del params, start
-        return final.carry, ((simple.records(steps),), episode_metrics(completed))
+        return final.carry, ((simple.records(steps, agent.channels),),
+                             episode_metrics(completed))
 
     actor = acting.Actor(env, acting.without_extras(agent.policy), s.collect_steps,
                          mesh=compiler.mesh, groups=config.num_seeds, finish=finish,
@@ -239,10 +243,8 @@ def build(config) -> Algorithm:
 ENTRY = Entry(
     name="simple", build=build, validate=validate, hook_counts=hook_counts,
     validate_env=validate_env, phase_hooks=phase_hooks, tiny="simple:tiny",
-    # Seeds: each keeps its own replay of every frame (2.6 GB at full size), so several fit
-    # on a large host or accelerator; the tiny config runs them anywhere.
+    tiny_more=("simple:minatar_tiny",),
+    # num_seeds > 1: each seed keeps its replay of every frame (2.6 GB at Atari's full size).
     capabilities=Capabilities(actions=("discrete",), observations=("pixels",),
-                              device_batches=device_batches,
-                              cannot={**DEFAULT_CANNOT, "jax_envs": "its frame model and "
-                                      "frame stacks are built for envpool's Atari frames"}),
+                              device_batches=device_batches),
     resumable=("ppo.learning_rate", "ppo.max_grad_norm"))

@@ -139,6 +139,7 @@ def build(config) -> Algorithm:
 
 ENTRY = Entry(name="tdmpc2", build=build, validate=validate, hook_counts=hook_counts,
               validate_env=validate_env, tiny="tdmpc2:tiny",
+              tiny_more=("tdmpc2:playground_tiny",),
               capabilities=continuous_control("tdmpc2.batch_size"),
               resumable=("tdmpc2.lr", "tdmpc2.grad_clip_norm"),
               zero_means={"tdmpc2.envs_per_batch": "1 on a CPU, every env on a GPU"})

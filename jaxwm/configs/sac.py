@@ -20,6 +20,7 @@ SUMMARIES = {
     "pendulum": "Pendulum-v1 in 20k steps, Haarnoja et al. 2018's sizes",
     "mujoco": "MuJoCo (HalfCheetah), 1M steps: Haarnoja et al. 2018's SAC",
     "tiny": "Every code path in seconds: the contract suite's",
+    "playground_tiny": "The tiny config on MuJoCo Playground's CartpoleBalance (MJX, in JAX)",
 }
 VARIANTS = tuple(SUMMARIES)
 FIELDS = prefixed("sac", sac.FIELDS)
@@ -31,8 +32,8 @@ def get_config(variant: str = "pendulum") -> ml_collections.ConfigDict:
     c = base_config()
     c.algo = "sac"
     c.env.num_envs = 1
-    if variant == "tiny":  # every code path in seconds: the contract suite's (tests/)
-        c.env.id = "Pendulum-v1"
+    if variant in ("tiny", "playground_tiny"):  # every code path in seconds: the contract's
+        c.env.id = "Pendulum-v1" if variant == "tiny" else "playground:CartpoleBalance"
         c.env.num_envs = 2
         c.total_env_steps = 64
         c.sac = sac_block(learning_starts=16, capacity=1_000, batch_size=16,
@@ -54,8 +55,8 @@ def get_config(variant: str = "pendulum") -> ml_collections.ConfigDict:
         c.sac = sac_block()
         c.log.every = "10000 env_steps"
         c.eval.every = "50000 env_steps"
-    c.eval.num_envs = 2 if variant == "tiny" else 5
-    c.eval.num_episodes = 2 if variant == "tiny" else 10
+    c.eval.num_envs = 2 if variant.endswith("tiny") else 5
+    c.eval.num_episodes = 2 if variant.endswith("tiny") else 10
     c.eval.temperature = 0.0  # SAC evaluates its deterministic policy, tanh(mean)
     c.phase_order = ("warmup", "train")
     s = c.sac

@@ -38,6 +38,8 @@ from jaxwm.ops import reward_balance
 SUMMARIES = {
     "atari100k": "Atari 100k as MBARC's defaults (SimPLe, Kaiser et al. 2020)",
     "tiny": "Every hook and phase in a minute on a CPU; deterministic model",
+    "minatar": "MinAtar Breakout in JAX (gymnax): 10x10 object channels, 40k real steps",
+    "minatar_tiny": "simple:minatar's every hook and phase in a minute on a CPU",
 }
 VARIANTS = tuple(SUMMARIES)
 # Reward-head steps per epoch of each strategy (MBARC's).
@@ -47,6 +49,8 @@ STRATEGIES = "{" + ", ".join(reward_balance.STRATEGIES) + "}"
 SIMPLE_FIELDS = {  # simple_block's
     "model_size": ("{" + ", ".join(nextframe.SIZES) + "}",
                    "Next-frame model size: full (~69M parameters, MBARC's), small, tiny."),
+    "pixel_classes": ("[2, 256]", "Classes of each pixel value, evenly spaced over 0..255: 256 "
+                      "(every uint8 value), 2 (MinAtar's cells, 0 or 255)."),
     "reward_head": ("{" + ", ".join(nextframe.REWARD_HEADS) + "}",
                     "Reward head: mbarc (MBARC's conv head) or simple (SimPLe's pooled MLP)."),
     "strategy": (STRATEGIES, "How the reward head's samples are drawn (MBARC's strategies)."),
@@ -89,6 +93,7 @@ FIELDS = {
 def simple_block(**overrides) -> ml_collections.ConfigDict:
     s = ml_collections.ConfigDict()
     s.model_size = "full"
+    s.pixel_classes = nextframe.PIXEL_CLASSES
     s.reward_head = "mbarc"  # mbarc (MBARC's conv head) | simple (SimPLe's pooled MLP)
     s.strategy = "mbarc"
     s.stochastic = True
@@ -121,6 +126,45 @@ def simple_block(**overrides) -> ml_collections.ConfigDict:
     return s
 
 
+def shrink(c: ml_collections.ConfigDict) -> None:
+    """Every hook and phase of ``c`` in a minute on a CPU: 2 envs, 32 random and 32 policy
+    steps, one epoch of a few updates of each kind (the tiny configs)."""
+    c.env.num_envs = 2
+    c.simple.update(random_steps=32, collect_per_epoch=32, collect_steps=8, epochs=1,
+                    batch_size=4, rollout_length=4, model_steps_first=8, model_steps=4,
+                    scheduled_sampling_steps=8, reward_steps_per_call=2, reward_batch_size=4,
+                    balance_stages=4, agent_iterations=2, report_length=4, report_batch=2,
+                    evaluate_each_epoch=False)
+    c.simple.reward_steps = ml_collections.ConfigDict({name: 4 for name in REWARD_STEPS})
+    c.simple.sim.num_agents = 4
+    c.ppo.update(num_steps=4, num_minibatches=2, update_epochs=1)
+    c.eval.num_envs = c.eval.num_episodes = 1
+    c.log.every = "16 env_steps, 4 model_updates, 2 agent_updates"
+    c.checkpoint.every = "8 model_updates, 4 agent_updates"
+
+
+def minatar(c: ml_collections.ConfigDict) -> None:
+    """SimPLe on MinAtar (Young & Tian 2019) in gymnax, a world-model check that fits a CPU:
+    one 10x10 frame of the game's object channels (not stacked: its trail channels show
+    motion; gymnax's sticky actions, 0.1, on), the ``minatar`` model (two compress steps),
+    16 real envs, 8000 random steps then 4 epochs of 8000 (40k real steps), PPO in the model
+    with MinAtar's CNN and an entropy coefficient of 0.05. Any MinAtar game:
+    ``--config.env.id=gymnax:SpaceInvaders-MinAtar``."""
+    c.env.id = "gymnax:Breakout-MinAtar"
+    c.env.update(num_envs=16, frame_stack=1)
+    c.network = network_block(encoder="minatar_cnn", separate_critic=False)
+    c.ppo = ppo_block(num_steps=50, learning_rate=1e-4, anneal_lr=False, clip_coef=0.1,
+                      num_minibatches=5, update_epochs=4, vf_coef=0.5, ent_coef=0.05)
+    c.simple = simple_block(
+        model_size="minatar", pixel_classes=2, frames=1, random_steps=8000, collect_per_epoch=8000,
+        collect_steps=50, epochs=4, batch_size=16, rollout_length=10, model_steps_first=8000,
+        model_steps=2000, scheduled_sampling_steps=4000, agent_iterations=300)
+    c.simple.agent_multipliers = ml_collections.ConfigDict({})
+    c.eval.num_envs = c.eval.num_episodes = 32
+    c.log.every = "8000 env_steps, 1000 model_updates, 1000 agent_updates"
+    c.checkpoint.every = "4000 model_updates, 4000 agent_updates"
+
+
 def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
     if variant not in VARIANTS:
         raise ValueError(f"Unknown simple variant {variant!r}; choose one of {VARIANTS}.")
@@ -145,22 +189,15 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
     if variant == "tiny":  # every hook and phase in a minute on a CPU; the deterministic model
         # (--config.stochastic=True adds the latent; tests/test_simple.py covers it)
         c.env.id = "Pong-v5"
-        c.env.update(img_height=44, img_width=36, num_envs=2)
-        c.simple = simple_block(
-            model_size="tiny", stochastic=False, random_steps=32, collect_per_epoch=32, collect_steps=8,
-            epochs=1, batch_size=4, rollout_length=4, model_steps_first=8, model_steps=4,
-            scheduled_sampling_steps=8,
-            reward_steps=dict(class_balanced=4, square_root=4, progressively_balanced=4,
-                              mbarc=4),
-            reward_steps_per_call=2, reward_batch_size=4, balance_stages=4,
-            agent_iterations=2, sim={"num_agents": 4},
-            report_length=4, report_batch=2, evaluate_each_epoch=False)
+        c.env.update(img_height=44, img_width=36)
+        c.simple = simple_block(model_size="tiny", stochastic=False)
+        shrink(c)
         c.simple.agent_multipliers = ml_collections.ConfigDict({"0": 2})
-        c.ppo = ppo_block(num_steps=4, learning_rate=1e-4, anneal_lr=False, clip_coef=0.1,
-                          num_minibatches=2, update_epochs=1)
-        c.eval.num_envs = c.eval.num_episodes = 1
-        c.log.every = "16 env_steps, 4 model_updates, 2 agent_updates"
-        c.checkpoint.every = "8 model_updates, 4 agent_updates"
+    elif variant == "minatar":
+        minatar(c)
+    elif variant == "minatar_tiny":  # the contract suite's SimPLe on a JAX env
+        minatar(c)
+        shrink(c)
     else:
         c.simple = simple_block()
 

@@ -33,6 +33,7 @@ SUMMARIES = {
     "mujoco": "MuJoCo tasks that end (Hopper, Walker): a termination head",
     "pendulum": "The 1M model learns Pendulum in minutes on a CPU",
     "tiny": "The contract suite's: every hook and phase in a minute",
+    "playground_tiny": "The tiny config on MuJoCo Playground's CartpoleBalance (MJX, in JAX)",
 }
 VARIANTS = tuple(SUMMARIES)
 FIELDS = {
@@ -76,8 +77,8 @@ def get_config(variant: str = "dmc") -> ml_collections.ConfigDict:
         c.eval.every = "1000 env_steps"
         c.eval.num_envs = c.eval.num_episodes = 5
         c.checkpoint.every = "5000 env_steps"
-    else:  # every code path in a minute: the contract suite's
-        c.env.id = "Pendulum-v1"
+    else:  # every code path in a minute: the contract suite's (on Pendulum or Playground)
+        c.env.id = "Pendulum-v1" if variant == "tiny" else "playground:CartpoleBalance"
         c.env.num_envs = 2
         c.total_env_steps = 96
         c.tdmpc2 = config_block(model_size=1, batch_size=16, seed_steps=64, capacity=1000,

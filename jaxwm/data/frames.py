@@ -10,7 +10,7 @@ rebuilds stacks when it samples. Here, shared by every such model:
 * ``stacks_at``: the stacks ``[n, F * 3, H, W]`` (envpool's observation layout) at flat
   replay indices, and ``window_stack``, the first stack of each sampled window;
 * ``to_hwc`` / ``frame_hwc``: envpool's channel-first stacks and frames as the NHWC tensors
-  the networks take;
+  the networks take; ``as_rgb``: a frame of any channel count as RGB, to look at;
 * ``start_indices``: where imagined rollouts start (SimPLe's: uniformly among the executed
   steps, one rollout from an episode's first frame);
 * ``median_noise``: SimPLe's input noise (an element replaced by its frame's median).
@@ -23,7 +23,10 @@ import jax.numpy as jnp
 
 from jaxwm.data.replay import SequenceReplay
 
-CHANNELS = 3  # RGB
+CHANNELS = 3  # RGB (Atari's frames; a MinAtar frame has one channel per kind of object)
+# Colours of a frame's object channels (MinAtar's), channel 0 first: tab10's.
+PALETTE = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
+           (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207))
 
 
 def stack_rows(is_first: jax.Array, row: jax.Array, frames: int) -> jax.Array:
@@ -48,6 +51,21 @@ def to_hwc(stack_chw: jax.Array) -> jax.Array:
 def frame_hwc(frame_chw: jax.Array) -> jax.Array:
     """Frames ``[..., 3, H, W]`` -> ``[..., H, W, 3]``."""
     return jnp.moveaxis(frame_chw, -3, -1)
+
+
+def as_rgb(frame_hwc: jax.Array) -> jax.Array:
+    """uint8 frames ``[..., H, W, C]`` as ``[..., H, W, 3]``: RGB as it is; object channels
+    (each cell 0 or 255) each in its ``PALETTE`` colour, the highest channel on in a cell
+    drawn (as MinAtar's own display), black where none is."""
+    channels = frame_hwc.shape[-1]
+    if channels == CHANNELS:
+        return frame_hwc
+    if channels > len(PALETTE):
+        raise ValueError(f"as_rgb colours up to {len(PALETTE)} object channels, not {channels}")
+    on = frame_hwc > 127
+    top = jnp.max(jnp.where(on, jnp.arange(1, channels + 1), 0), -1)  # 0: none on
+    colours = jnp.asarray(((0, 0, 0),) + PALETTE[:channels], jnp.uint8)
+    return colours[top]
 
 
 def rows_at(replay: SequenceReplay, flat_index: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -176,13 +176,14 @@ def grouped(policy: Policy, groups: int, params_axes: Any = 0) -> Policy:
 
 
 def split_groups(tree, groups: int):
-    """Leaves ``[groups * n, ...]`` (the pool's order) -> ``[groups, n, ...]``."""
-    return jax.tree.map(lambda x: x.reshape((groups, -1) + x.shape[1:]), tree)
+    """Leaves ``[groups * n, ...]`` (the pool's order) -> ``[groups, n, ...]``. Sizes are
+    spelled out, not ``-1``: a zero-size leaf (MJX's ``Data`` has some) has no inferable one."""
+    return jax.tree.map(lambda x: x.reshape((groups, x.shape[0] // groups) + x.shape[1:]), tree)
 
 
 def merge_groups(tree):
     """Leaves ``[groups, n, ...]`` -> ``[groups * n, ...]``."""
-    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), tree)
+    return jax.tree.map(lambda x: x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:]), tree)
 
 
 # ----------------------------------------------------------------------------- envs

@@ -70,6 +70,11 @@ def is_native(env_id: Any) -> bool:
     return isinstance(env_id, str) and ":" in env_id
 
 
+def is_minatar(env_id: Any) -> bool:
+    """Whether ``env_id`` names one of gymnax's MinAtar games (``gymnax:Breakout-MinAtar``)."""
+    return is_native(env_id) and env_id.startswith("gymnax:") and env_id.endswith("-MinAtar")
+
+
 # ----------------------------------------------------------------------------- the pool
 
 

@@ -59,7 +59,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxwm.data.frames import CHANNELS, to_hwc
+from jaxwm.data.frames import CHANNELS, as_rgb, to_hwc
 from jaxwm.nets.conv import Conv2D, ConvTranspose2D
 
 REWARD_CLASSES = 3  # clipped rewards -1, 0, +1 as classes 0, 1, 2
@@ -76,6 +76,7 @@ class Sizes:
     bits_per_step: int = 8  # the LSTM predicts this many bits at a time (one byte)
     lstm: int = 128
     inference_filters: tuple[int, int] = (128, 512)
+    inference_kernel: tuple[int, int] = (8, 4)  # the inference net's convolutions: size, stride
     attention_out: int = 30
     reward_hidden: int = 128
 
@@ -86,6 +87,11 @@ SIZES = {
                    inference_filters=(32, 64), attention_out=16, reward_hidden=64),
     "tiny": Sizes(hidden=8, compress_steps=3, filter_double_steps=2, bits=16, lstm=16,
                   inference_filters=(8, 16), attention_out=4, reward_hidden=16),
+    # MinAtar's 10 x 10 frames: two compress steps (10 -> 5 -> 2) and an inference net of
+    # 4 / 2 convolutions, whose 8 / 4 ones would leave no pixel after the second.
+    "minatar": Sizes(hidden=32, compress_steps=2, filter_double_steps=2, bits=32, lstm=64,
+                     inference_filters=(32, 64), inference_kernel=(4, 2), attention_out=16,
+                     reward_hidden=64),
 }
 REWARD_HEADS = ("mbarc", "simple")
 
@@ -236,8 +242,10 @@ class StochasticLatent(nn.Module):
         keys = jax.random.split(self.make_rng("latent"), 6)
         x = Conv2D(s.hidden, 1)(jnp.concatenate([stack, target], -1))
         x = ActionInjector()(add_timing(x), action)
-        x1 = Conv2D(s.inference_filters[0], 8, 4, padding=2)(x)
-        x2 = Conv2D(s.inference_filters[1], 8, 4, padding=2)(nn.relu(x1))
+        size, stride = s.inference_kernel
+        conv = lambda filters: Conv2D(filters, size, stride, padding=(size - stride) // 2)  # noqa: E731
+        x1 = conv(s.inference_filters[0])(x)
+        x2 = conv(s.inference_filters[1])(nn.relu(x1))
         h = nn.Dense(s.bits)(jnp.concatenate([MeanAttention(s.attention_out)(x1),
                                               MeanAttention(s.attention_out)(x2)], -1))
         noise = jax.random.truncated_normal(keys[0], -2.0, 2.0, h.shape) * self.bit_noise
@@ -280,9 +288,11 @@ class RewardHead(nn.Module):
 
 
 class NextFramePredictor(nn.Module):
-    """``(stack [B, H, W, 3 * frames] in [0, 1], action one-hot [B, A], target [B, H, W, 3]
-    in [0, 1] or None, epsilon, train) -> (frame logits [B, H, W, 3, 256], reward logits
-    [B, 3], value [B], lstm loss)``. Randomness: rngs ``dropout`` (training) and ``latent``.
+    """``(stack [B, H, W, C * frames] in [0, 1], action one-hot [B, A], target [B, H, W, C]
+    in [0, 1] or None, epsilon, train) -> (frame logits [B, H, W, C, 256], reward logits
+    [B, 3], value [B], lstm loss)``, ``C`` = ``channels`` per frame (3: Atari's RGB; MinAtar's
+    object channels, each cell 0 or 255). Randomness: rngs ``dropout`` (training) and
+    ``latent``.
 
     ``reward_features_only``: skip the pixel logits (the reward head's own training);
     ``reward_train``: the reward head's dropout on while the rest runs as at test time."""
@@ -290,6 +300,8 @@ class NextFramePredictor(nn.Module):
     sizes: Sizes
     reward_head: str = "mbarc"
     stochastic: bool = True
+    channels: int = CHANNELS
+    pixel_classes: int = PIXEL_CLASSES  # 2 for MinAtar's cells (``pixel_values``)
     detach_reward: bool = True  # False: the reward loss trains the trunk too (``online``)
 
     @nn.compact
@@ -335,8 +347,8 @@ class NextFramePredictor(nn.Module):
                                                                     train or reward_train)
         if reward_features_only:
             return None, reward, value, lstm_loss
-        logits = Conv2D(3 * PIXEL_CLASSES, 1, name="logits")(fin)
-        logits = logits.reshape(logits.shape[:3] + (3, PIXEL_CLASSES))
+        logits = Conv2D(self.channels * self.pixel_classes, 1, name="logits")(fin)
+        logits = logits.reshape(logits.shape[:3] + (self.channels, self.pixel_classes))
         return logits, reward, value, lstm_loss
 
 
@@ -351,11 +363,29 @@ def reward_head_labels(params):
         lambda path, _: "reward" if is_reward_head(path) else "model", params)
 
 
+def pixel_classes_of(frame_u8, classes: int):
+    """Each uint8 value's class among ``classes`` levels evenly spaced over 0 .. 255: the
+    value itself for 256, 0 / 1 for MinAtar's cells (0 or 255) with 2."""
+    if classes == PIXEL_CLASSES:
+        return frame_u8.astype(jnp.int32)
+    return (frame_u8.astype(jnp.int32) * (classes - 1) + 127) // 255
+
+
+def pixel_values(logits, key=None):
+    """The uint8 frame of pixel logits ``[..., classes]``: each pixel's most likely class
+    (or one drawn from ``key``), as its level's value (``pixel_classes_of``'s inverse)."""
+    classes = logits.shape[-1]
+    chosen = jnp.argmax(logits, -1) if key is None else jax.random.categorical(key, logits)
+    if classes == PIXEL_CLASSES:
+        return chosen.astype(jnp.uint8)
+    return (chosen * 255 // (classes - 1)).astype(jnp.uint8)
+
+
 def pixel_loss(logits, target_u8, clip: float = 0.03):
     """SimPLe's clipped pixel loss, ``mean(max(CE, clip)) - clip`` over every pixel and
     channel (per sample: ``[B]``)."""
-    ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), target_u8[..., None].astype(
-        jnp.int32), -1)[..., 0]
+    target = pixel_classes_of(target_u8, logits.shape[-1])
+    ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), target[..., None], -1)[..., 0]
     return jnp.mean(jnp.maximum(ce, clip), axis=(1, 2, 3)) - clip
 
 
@@ -401,16 +431,18 @@ def make_apply(net: NextFramePredictor, num_actions: int):
 @dataclasses.dataclass(frozen=True)
 class FrameModel:
     """The next-frame predictor on the world-model protocol (``models.protocol``): SimPLe's
-    learned simulator. Its state is the frame stack ``[n, F * 3, H, W]`` uint8 in envpool's
-    layout, which is also what a policy reads (``features``), as in the real env. A step
-    appends the argmax of each pixel's 256 classes (or a sample, ``frame_mode="sample"``);
+    learned simulator. Its state is the frame stack ``[n, F * C, H, W]`` uint8 in envpool's
+    layout (``C`` = ``channels`` per frame), which is also what a policy reads (``features``),
+    as in the real env. A step appends the argmax of each pixel's 256 classes (or a sample,
+    ``frame_mode="sample"``);
     the reward is the reward head's class minus 1; episodes never end (``cont`` 1: the
     policy bootstraps at the rollout's end). Actions arrive one-hot."""
 
     apply: Callable
     action_dim: int
-    obs_shape: tuple[int, int, int]  # the stack's [F * 3, H, W]
+    obs_shape: tuple[int, int, int]  # the stack's [F * C, H, W]
     frame_mode: str = "argmax"
+    channels: int = CHANNELS
     discrete = True
     decodes = True
     differentiable = False  # argmax frames and classes: no gradient through a step
@@ -427,11 +459,8 @@ class FrameModel:
         k_model, k_frame = jax.random.split(key)
         logits, reward_logits, _, _ = self.apply(params, to_hwc(state), jnp.argmax(action, -1),
                                                  k_model)
-        if self.frame_mode == "sample":
-            frame = jax.random.categorical(k_frame, logits).astype(jnp.uint8)
-        else:
-            frame = jnp.argmax(logits, -1).astype(jnp.uint8)
-        state = jnp.concatenate([state[:, CHANNELS:], jnp.moveaxis(frame, -1, 1)], 1)
+        frame = pixel_values(logits, k_frame if self.frame_mode == "sample" else None)
+        state = jnp.concatenate([state[:, self.channels:], jnp.moveaxis(frame, -1, 1)], 1)
         reward = (jnp.argmax(reward_logits, -1) - 1).astype(jnp.float32)
         return state, reward, jnp.ones(state.shape[0])
 
@@ -441,4 +470,5 @@ class FrameModel:
 
     def decode(self, params, state):
         del params
-        return jnp.moveaxis(state[..., -CHANNELS:, :, :], -3, -1).astype(jnp.float32) / 255.0
+        return as_rgb(jnp.moveaxis(state[..., -self.channels:, :, :], -3, -1)).astype(
+            jnp.float32) / 255.0
