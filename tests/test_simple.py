@@ -132,6 +132,19 @@ def test_minatar_frames_take_two_classes_per_cell_and_their_channels():
         pytest.approx(0.0, abs=1e-6)
 
 
+def test_reward_recall_by_hand_under_either_prefix():
+    actual = jnp.array([[1, 2, 2, 1], [1, 1, 2, 0]])
+    predicted = jnp.array([[1, 2, 1, 1], [2, 1, 2, 1]])
+    valid = jnp.array([[True, True, True, True], [True, True, True, False]])
+    out = simple_agent.reward_recall(predicted, actual, valid, "model/open_loop_reward_recall")
+    assert float(out["model/open_loop_reward_recall_positive"]) == pytest.approx(2 / 3)
+    assert float(out["model/open_loop_reward_recall_zero"]) == pytest.approx(3 / 4)
+    assert np.isnan(out["model/open_loop_reward_recall_negative"])  # its one step is invalid
+    assert set(simple_agent.reward_recall(predicted, actual, valid)) == {
+        "model/reward_recall_negative", "model/reward_recall_zero",
+        "model/reward_recall_positive"}
+
+
 def test_object_channels_are_drawn_in_their_colours_the_highest_on_top():
     frame = jnp.zeros((1, 3, 4), jnp.uint8).at[0, 1, 0].set(255).at[0, 2, 0].set(255) \
         .at[0, 2, 3].set(255)

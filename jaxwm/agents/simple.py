@@ -27,7 +27,8 @@ stacks are rebuilt from consecutive frames (``data.frames``).
   ``sim/real_*`` are the real replay's reward rates, to hold the simulator's against.
 * ``report``: open-loop predictions on the newest steps, not trained on yet: pixel accuracy,
   perfect-frame rate, accuracy on the pixels that change, the copy-last-frame baseline of
-  each, reward recall per class, and a GIF of imagined next to real frames.
+  each, reward recall per class from the real frames and from its own open-loop frames, and
+  a GIF of imagined next to real frames.
 """
 
 from __future__ import annotations
@@ -361,19 +362,22 @@ class SimPLeAgent:
             stack, teacher_stack, key = carry
             action, target = x
             key, k_open, k_teacher = jax.random.split(key, 3)
-            logits, _, _, _ = self.apply(params, stack, action, k_open)
+            logits, open_reward_logits, _, _ = self.apply(params, stack, action, k_open)
             _, reward_logits, _, _ = self.apply(params, teacher_stack, action, k_teacher,
                                                 features_only=True)
             frame = nextframe.pixel_values(logits)
             stack = jnp.concatenate([stack[..., self.channels:], frame], -1)
             teacher_stack = jnp.concatenate([teacher_stack[..., self.channels:], target], -1)
-            return (stack, teacher_stack, key), (frame, jnp.argmax(reward_logits, -1))
+            return (stack, teacher_stack, key), (frame, jnp.argmax(reward_logits, -1),
+                                                 jnp.argmax(open_reward_logits, -1))
 
         xs = (jnp.swapaxes(w["action"][:, acting_rows], 0, 1), jnp.swapaxes(targets, 0, 1))
-        _, (predicted, reward_pred) = jax.lax.scan(step, (stack, stack, key), xs)
-        predicted, reward_pred = jnp.swapaxes(predicted, 0, 1), jnp.swapaxes(reward_pred, 0, 1)
+        _, outputs = jax.lax.scan(step, (stack, stack, key), xs)
+        predicted, reward_pred, open_reward_pred = (jnp.swapaxes(x, 0, 1) for x in outputs)
+        actual = w["reward"][:, frames:].astype(jnp.int32)
         return frame_metrics(predicted, targets, last_real, valid) | reward_recall(
-            reward_pred, w["reward"][:, frames:].astype(jnp.int32), valid) | {
+            reward_pred, actual, valid) | reward_recall(
+            open_reward_pred, actual, valid, "model/open_loop_reward_recall") | {
             "model/report_video": Video(fr.as_rgb(jnp.concatenate([predicted[0], targets[0]],
                                                                   2)), fps=8)}
 
@@ -430,13 +434,15 @@ def frame_metrics(predicted, target, last_real, valid) -> dict:
             **{f"model/copy_last_{n}": v for n, v in zip(names, copy, strict=True)}}
 
 
-def reward_recall(predicted, actual, valid) -> dict:
+def reward_recall(predicted, actual, valid, prefix: str = "model/reward_recall") -> dict:
     """Recall of each reward class (-1, 0, +1) over the ``valid`` steps; NaN for a class
-    that never occurred."""
+    that never occurred. ``report`` logs it from the real frames (``model/reward_recall_*``,
+    the reward head alone) and from the model's own open-loop frames
+    (``model/open_loop_reward_recall_*``: what the simulator pays, drift included)."""
     out = {}
     for cls, name in enumerate(("negative", "zero", "positive")):
         mask = valid & (actual == cls)
         hits = jnp.sum(mask & (predicted == cls))
-        out[f"model/reward_recall_{name}"] = jnp.where(
+        out[f"{prefix}_{name}"] = jnp.where(
             jnp.sum(mask) > 0, hits / jnp.maximum(jnp.sum(mask), 1), jnp.nan)
     return out
