@@ -14,10 +14,10 @@ the simulator).
 The schedule (``phase_hooks``): phase ``random`` collects ``random_steps`` random transitions;
 each of ``epochs`` phases ``epoch_XX`` then runs ``collect:C, report_model, update_model:W,
 update_reward:R, update_agent:P, evaluate`` once, with W larger in epoch 0 and P multiplied at
-the epochs of ``agent_multipliers`` (SimPLe's x2 at epochs 7 and 11, x3 at 14). Evaluation is
-the loop's evaluator in the real env at ``eval.temperature`` 0.5 (the human-normalised score for
-the 26 Atari 100k games). Data parallel as Dreamer: parameters, optimisers and the replay
-replicated over the mesh, every batch split over its ``data`` axis.
+the epochs of ``agent_multipliers`` (SimPLe's x2 at epochs 7 and 11, x3 at 14), evaluating in
+the real env at ``eval.temperature`` 0.5. Data parallel as Dreamer: parameters, optimisers and
+the replay replicated over the mesh, every batch split over its ``data`` axis; envpool's envs
+act on the process's first device.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ jaxwm train --config=simple:tiny           # every hook and phase in ~1 min on a
 jaxwm train --config=simple:atari100k --config.env.id=Freeway-v5 --config.strategy=mbarc
 jaxwm train --config=simple:atari100k --config.env.id=Pong-v5 \
     --config.strategy=online --config.stochastic=False
+jaxwm train --config=simple:minatar --config.env.id=gymnax:SpaceInvaders-MinAtar
 
 ``atari100k`` follows MBARC's defaults (thomas-schillaci/mbarc_atari, ``mbarc/__main__.py``),
 which are SimPLe's (Kaiser et al. 2020) with MBARC's 5 compress steps and short schedule: the
@@ -18,7 +19,8 @@ real env at temperature 0.5. 102,400 real steps in all.
 ``--config.strategy`` (or ``simple.strategy``, one setting): online | class_balanced |
 square_root | progressively_balanced | mbarc (MBARC's default). ``--config.stochastic``
 (or ``simple.stochastic``): the discrete latent on (default) or off. ``simple.model_size``:
-full (~69M parameters, MBARC's), small, tiny.
+full (~69M parameters, MBARC's), small, tiny, minatar. ``minatar``: SimPLe on MinAtar in
+gymnax (``minatar()`` below; docs/simple.md).
 
 Departures: envpool max-pools the last two raw frames of each skip and resizes with area
 interpolation; MBARC's wrapper keeps the last frame and takes every other pixel. The policy
@@ -48,7 +50,8 @@ REWARD_STEPS = {"class_balanced": 450, "square_root": 475, "progressively_balanc
 STRATEGIES = "{" + ", ".join(reward_balance.STRATEGIES) + "}"
 SIMPLE_FIELDS = {  # simple_block's
     "model_size": ("{" + ", ".join(nextframe.SIZES) + "}",
-                   "Next-frame model size: full (~69M parameters, MBARC's), small, tiny."),
+                   "Next-frame model size: full (~69M parameters, MBARC's), small, tiny, "
+                   "minatar (MinAtar's 10x10 frames)."),
     "pixel_classes": ("[2, 256]", "Classes of each pixel value, evenly spaced over 0..255: 256 "
                       "(every uint8 value), 2 (MinAtar's cells, 0 or 255)."),
     "reward_head": ("{" + ", ".join(nextframe.REWARD_HEADS) + "}",
