@@ -3,8 +3,8 @@ in the real game? (issue: world models on JAX envs; ``simple:minatar``.)
 
 For each game, ``simple:minatar`` trains ``--seeds`` seeds in one process (vmapped:
 ``num_seeds``), each evaluated at the end of every epoch in the real env (32 episodes at
-temperature 0.5); a uniformly random policy is evaluated through the same ``Evaluator``, on
-the same episodes' starts. A seed beats random when its mean return exceeds random's by two
+temperature 0.5); a uniformly random policy is evaluated through the same ``Evaluator`` on
+the first seed's evaluation envs. A seed beats random when its mean return exceeds random's by two
 standard errors of the difference, ``sqrt((std_policy^2 + std_random^2) / n)``. Writes
 ``results/simple_minatar_<backend>.{json,md}`` and ``docs/figures/simple_minatar.png``
 (every seed's return after each epoch beside random's).
@@ -64,7 +64,9 @@ def game_rows(game: str, seeds: int, quick: bool, workdir: str) -> tuple[list[di
     spec = "simple:minatar_tiny" if quick else "simple:minatar"
     over = {"env.id": f"gymnax:{game}-MinAtar", "log.progress": not quick,
             "checkpoint.every": "never"}
-    baseline = random_play(load(spec, over))  # one seed: its episodes are every seed's
+    # Random play on the first seed's evaluation envs (each seed evaluates on envs of its own:
+    # the same distribution of starts, not the same starts).
+    baseline = random_play(load(spec, over))
     config = load(spec, {**over, "num_seeds": seeds})
     n = config.eval.num_episodes
     start = time.perf_counter()
