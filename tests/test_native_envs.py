@@ -172,6 +172,13 @@ def test_craftax_classic_pixels_are_channels_first_uint8():
     state, first = env.xla_reset()
     _, row = env.xla_step(state, jnp.array([0, 5]))
     assert row.obs.dtype == jnp.uint8 and int(row.obs.max()) > 0
+    # DreamerV3's encoder takes 64 x 64: env.img_height / img_width resize the frames.
+    sized = make_env({"id": "craftax:Craftax-Classic-Pixels-v1", "img_height": 64,
+                      "img_width": 64}, num_envs=2, seed=0)
+    assert sized.spec.obs_shape == (3, 64, 64) and sized.spec.obs_dtype == np.uint8
+    _, resized = sized.xla_reset()
+    np.testing.assert_allclose(np.asarray(resized.obs, np.float32).mean(),
+                               np.asarray(first.obs, np.float32).mean(), rtol=0.02)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mujoco_playground") is None,

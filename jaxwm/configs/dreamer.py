@@ -15,7 +15,8 @@ set. ``dmc_proprio``: size1m, 16 envs, train_ratio 1024, 1.1M steps, no action r
 ``dmc_vision``: 64x64 RGB only (no proprioception; dm_control renders it), 16 envs,
 train_ratio 256, 1.1M steps, no action repeat.
 ``crafter``: 1 env, train_ratio 512, 1.1M steps; ``craftax_classic``: the same on
-Craftax-Classic's symbolic observations in JAX, 1M steps. Model size: ``--config.model_size``
+Craftax-Classic's symbolic observations in JAX, 1M steps (``craftax_classic_pixels``: its
+63x63 frames, resized to 64x64 in the env). Model size: ``--config.model_size``
 (or ``--config.dreamer.model_size``, the same setting): 1m, 12m, 25m, 50m, 100m, 200m,
 400m; jaxwm's default is 12m, the official one 200m, which needs a large accelerator.
 
@@ -51,6 +52,7 @@ SUMMARIES = {
     "dmc_vision": "DMC from 64x64 pixels only: 16 envs, train ratio 256",
     "crafter": "Crafter: 1 env, train ratio 512",
     "craftax_classic": "Craftax-Classic symbolic (JAX): crafter's settings, 1M steps",
+    "craftax_classic_pixels": "Craftax-Classic pixels (JAX), resized 63 -> 64: as craftax_classic",
     "tiny": "The contract suite's: debug's sizes in a few seconds",
 }
 VARIANTS = tuple(SUMMARIES)
@@ -149,11 +151,15 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
         c.env.update(img_height=64, img_width=64, camera=-1, frame_skip=1)
         c.total_env_steps = 1_100_000
         c.dreamer = config_block(train_ratio=256.0, capacity=1_120_000)
-    elif variant == "craftax_classic":
-        # Crafter's settings on Craftax-Classic's symbolic observations (Matthews et al.
-        # 2024), stepped in JAX with its state in the checkpoint; 1M steps, as the Craftax
-        # world-model papers report (DreamerV3: 53.2% reward, Dedieu et al. 2025).
+    elif variant in ("craftax_classic", "craftax_classic_pixels"):
+        # Crafter's settings on Craftax-Classic (Matthews et al. 2024), stepped in JAX with
+        # its state in the checkpoint; 1M steps, as the Craftax world-model papers report
+        # (DreamerV3: 53.2% reward, Dedieu et al. 2025). Pixels: Craftax renders 63 x 63,
+        # resized to the encoder's 64 x 64 in the env (jaxwm/envs/suites.py).
         c.env.id = "craftax:Craftax-Classic-Symbolic-v1"
+        if variant == "craftax_classic_pixels":
+            c.env.id = "craftax:Craftax-Classic-Pixels-v1"
+            c.env.update(img_height=64, img_width=64)
         c.total_env_steps = 1_000_000
         c.dreamer = config_block(train_ratio=512.0, capacity=1_000_000)
     else:  # crafter

@@ -106,18 +106,23 @@ CRAFTAX_IDS = ["Craftax-Classic-Symbolic-v1", "Craftax-Classic-Pixels-v1",
 
 
 def _craftax_task(name: str, env_config: Mapping[str, Any]) -> Task:
-    del env_config
+    """Craftax's pixels are resized (bilinear, ``jax.image.resize``) to ``env.img_height`` x
+    ``env.img_width`` where both are set: DreamerV3's encoder takes 64 x 64, Craftax-Classic
+    renders 63 x 63."""
     from craftax.craftax_env import make_craftax_env_from_name
 
     env = make_craftax_env_from_name(name, auto_reset=False)
     params = env.default_params
     unlimited = params.replace(max_timesteps=UNLIMITED)
     pixels = "Pixels" in name
+    size = (env_config.get("img_height"), env_config.get("img_width"))
 
     def observe(obs):
-        if pixels:
-            return (jnp.transpose(obs, (2, 0, 1)) * 255).round().astype(jnp.uint8)
-        return obs.astype(jnp.float32)
+        if not pixels:
+            return obs.astype(jnp.float32)
+        if all(size) and tuple(obs.shape[:2]) != size:
+            obs = jax.image.resize(obs, size + obs.shape[2:], "bilinear")
+        return (jnp.transpose(obs, (2, 0, 1)) * 255).round().clip(0, 255).astype(jnp.uint8)
 
     def step(key, state, action):
         obs, state, reward, done, _ = env.step_env(key, state, action, unlimited)
