@@ -39,7 +39,7 @@ minatar      MinAtar's channel frames (Young & Tian 2019; gymnax's ``*-MinAtar``
              ``FlattenObservationWrapper``, for its MLP).
 craftax      symbolic: float32 vectors as Craftax returns them; pixels: uint8 ``(3, H, W)``
              channels-first (Craftax's float RGB in [0, 1] times 255; Craftax-Classic is
-             63 x 63).
+             63 x 63, resized where ``env.img_height`` and ``env.img_width`` are set).
 dmc          Playground's DM Control Suite tasks: float32 state vectors, as Playground
              returns them; actions in [-1, 1]; ``env.frame_skip`` is the action repeat.
 ===========  ===============================================================================
