@@ -29,7 +29,8 @@ def marks(spec: str) -> list:
     if "playground" not in spec:
         return []
     missing = importlib.util.find_spec("mujoco_playground") is None
-    return [pytest.mark.slow, pytest.mark.skipif(missing, reason="the playground extra")]
+    why = "needs MuJoCo Playground: pip install -e '.[dev]' (its playground extra)"
+    return [pytest.mark.slow, pytest.mark.skipif(missing, reason=why)]
 
 
 # Every tiny config of every entry (the pairings have one per pairing; some one on a JAX env),

@@ -7,7 +7,7 @@ rebuilds stacks when it samples. Here, shared by every such model:
 
 * ``stack_rows``: the rows of the stacks ending at given rows, an episode's first frame
   repeated before it, as envpool's own frame stack repeats it;
-* ``stacks_at``: the stacks ``[n, F * 3, H, W]`` (envpool's observation layout) at flat
+* ``stacks_at``: the stacks ``[n, F * C, H, W]`` (envpool's observation layout) at flat
   replay indices, and ``window_stack``, the first stack of each sampled window;
 * ``to_hwc`` / ``frame_hwc``: envpool's channel-first stacks and frames as the NHWC tensors
   the networks take; ``as_rgb``: a frame of any channel count as RGB, to look at;

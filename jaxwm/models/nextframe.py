@@ -364,10 +364,8 @@ def reward_head_labels(params):
 
 
 def pixel_classes_of(frame_u8, classes: int):
-    """Each uint8 value's class among ``classes`` levels evenly spaced over 0 .. 255: the
-    value itself for 256, 0 / 1 for MinAtar's cells (0 or 255) with 2."""
-    if classes == PIXEL_CLASSES:
-        return frame_u8.astype(jnp.int32)
+    """Each uint8 value's class among ``classes`` levels evenly spaced over 0 .. 255 (the
+    nearest): the value itself for 256, 0 / 1 for MinAtar's cells (0 or 255) with 2."""
     return (frame_u8.astype(jnp.int32) * (classes - 1) + 127) // 255
 
 
@@ -376,8 +374,6 @@ def pixel_values(logits, key=None):
     (or one drawn from ``key``), as its level's value (``pixel_classes_of``'s inverse)."""
     classes = logits.shape[-1]
     chosen = jnp.argmax(logits, -1) if key is None else jax.random.categorical(key, logits)
-    if classes == PIXEL_CLASSES:
-        return chosen.astype(jnp.uint8)
     return (chosen * 255 // (classes - 1)).astype(jnp.uint8)
 
 
@@ -433,10 +429,10 @@ class FrameModel:
     """The next-frame predictor on the world-model protocol (``models.protocol``): SimPLe's
     learned simulator. Its state is the frame stack ``[n, F * C, H, W]`` uint8 in envpool's
     layout (``C`` = ``channels`` per frame), which is also what a policy reads (``features``),
-    as in the real env. A step appends the argmax of each pixel's 256 classes (or a sample,
-    ``frame_mode="sample"``);
-    the reward is the reward head's class minus 1; episodes never end (``cont`` 1: the
-    policy bootstraps at the rollout's end). Actions arrive one-hot."""
+    as in the real env. A step appends the most likely of each pixel's classes (or a sample,
+    ``frame_mode="sample"``) as its value (``pixel_values``); the reward is the reward head's
+    class minus 1; episodes never end (``cont`` 1: the policy bootstraps at the rollout's
+    end). Actions arrive one-hot."""
 
     apply: Callable
     action_dim: int
