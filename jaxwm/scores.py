@@ -7,8 +7,16 @@ mila-iqia/spr's ``rlpyt_utils.py`` agrees on all 26 games) for the 26 Atari 100k
 
 D4RL's normalised score (Fu et al. 2020, sec. 5): ``100 (R - min) / (max - min)`` with the
 random and expert returns of each MuJoCo task as min and max (the D4RL repository's
-``infos.py`` values for the v2 datasets). A base module with no dependencies inside jaxwm, so
-that the loop's evaluator and the dataset tools share one table.
+``infos.py`` values for the v2 datasets).
+
+Craftax and Crafter (Matthews et al. 2024; Hafner 2022): the return as a percentage of the
+most an episode can earn (``100 R / max``, "% of max" in Craftax's papers: each achievement's
+reward once), and Crafter's score over achievement success rates ``s_i`` in percent,
+``exp(mean_i ln(1 + s_i)) - 1`` (Hafner 2022, "Benchmarking the Spectrum of Agent
+Capabilities", sec. 3.3; a geometric mean that credits rare achievements).
+
+A base module with no dependencies inside jaxwm, so that the loop's evaluator, the dataset
+tools and the report share one table.
 """
 
 from __future__ import annotations
@@ -68,6 +76,37 @@ def normalized_score(returns, reference: tuple[float, float] | None):
     return 100.0 * (returns - low) / (high - low)
 
 
+# The most an episode can earn: Crafter's and Craftax-Classic's 22 achievements at +1 each;
+# Craftax's 67 at 1, 3, 5 or 8 (craftax's ACHIEVEMENT_REWARD_MAP sums to 226). Health's +-0.1
+# per unit is left out, as Craftax's papers leave it.
+CRAFTAX_MAX_RETURN = {"crafter": 22.0, "craftax-classic": 22.0, "craftax": 226.0}
+
+
+def craftax_max_return(env_id: str) -> float | None:
+    """The most an episode of ``crafter`` or a ``craftax:`` env can earn, or None."""
+    name = env_id.lower()
+    if name == "crafter":
+        return CRAFTAX_MAX_RETURN["crafter"]
+    if not name.startswith("craftax:"):
+        return None
+    classic = name.startswith("craftax:craftax-classic")
+    return CRAFTAX_MAX_RETURN["craftax-classic" if classic else "craftax"]
+
+
+def percent_of_max(returns, env_id: str):
+    """Craftax's ``100 R / max`` (``craftax_max_return``); NaN for any other env."""
+    returns = np.asarray(returns, np.float64)
+    most = craftax_max_return(env_id)
+    return np.full_like(returns, np.nan) if most is None else 100.0 * returns / most
+
+
+def crafter_score(success_rates):
+    """Crafter's score of success rates in percent, ``[..., achievements]`` -> ``[...]``:
+    ``exp(mean ln(1 + s)) - 1`` (module docstring)."""
+    rates = np.asarray(success_rates, np.float64)
+    return np.exp(np.mean(np.log1p(rates), axis=-1)) - 1.0
+
+
 def dmc_score(returns):
     """DMC's returns as a fraction of the most a 1000-step episode can earn (every step's
     reward is in [0, 1]): ``R / 1000``."""
@@ -85,6 +124,7 @@ NORMALIZATIONS = {
     "d4rl": ("D4RL normalised score (100 = expert)",
              lambda r, env_id: normalized_score(r, reference_returns(env_id))),
     "dmc": ("DMC return / 1000", lambda r, env_id: dmc_score(r)),
+    "craftax": ("% of the most an episode earns (Craftax, Crafter)", percent_of_max),
 }
 
 
@@ -98,5 +138,5 @@ def normalize(returns, env_id: str, kind: str):
     if np.size(scores) and np.isnan(scores).all() and not np.isnan(returns).all():
         raise UnknownNormalization(
             f"{kind} has no reference returns for {env_id}: use --normalize raw (or dmc for "
-            "DMC tasks), or group this env apart.")
+            "DMC tasks, craftax for Craftax and Crafter), or group this env apart.")
     return scores

@@ -406,3 +406,24 @@ def test_pools_seeded_one_apart_share_all_but_one_env():
     assert not np.array_equal(first[0], second[0])
     apart = _make(num_envs=4, seed=1001, id="Pendulum-v1").reset().obs
     assert not any(np.array_equal(a, b) for a in first for b in apart)
+
+
+def test_merged_windows_weight_every_per_episode_mean_by_its_episodes():
+    """Two windows of one compiled call: 1 episode with return 10 and an achievement, then 3
+    with return 2 and none: the return, length and outcome means weight by episodes, counts
+    add up, other metrics average; a window with no episode (NaN) does not count."""
+    import jax.numpy as jnp
+
+    from jaxwm.envs.stats import merge_episode_metrics
+
+    metrics = {"charts/episodic_return": jnp.array([10.0, 2.0, jnp.nan]),
+               "charts/episodic_length": jnp.array([4.0, 8.0, jnp.nan]),
+               "charts/achievements/collect_wood": jnp.array([1.0, 0.0, jnp.nan]),
+               "charts/episodes": jnp.array([1.0, 3.0, 0.0]),
+               "losses/value_loss": jnp.array([1.0, 2.0, 3.0])}
+    merged = merge_episode_metrics(metrics)
+    assert float(merged["charts/episodic_return"]) == pytest.approx(4.0)
+    assert float(merged["charts/episodic_length"]) == pytest.approx(7.0)
+    assert float(merged["charts/achievements/collect_wood"]) == pytest.approx(0.25)
+    assert float(merged["charts/episodes"]) == 4.0
+    assert float(merged["losses/value_loss"]) == pytest.approx(2.0)

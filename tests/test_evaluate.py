@@ -20,7 +20,7 @@ class LengthIsReturnEnv:
     after ``terminated`` is a reset transition (reward 0, no flags)."""
 
     def __init__(self, num_envs, seed=0):
-        self.spec = types.SimpleNamespace(num_envs=num_envs, max_episode_steps=100)
+        self.spec = types.SimpleNamespace(num_envs=num_envs, max_episode_steps=100, outcomes=())
         self.can_render = False
         rngs = [np.random.default_rng(seed + i) for i in range(num_envs)]
         self.lengths = [rng.choice([2, 40], size=50).tolist() for rng in rngs]
@@ -116,7 +116,7 @@ class RecordingEnv:
 
     def __init__(self, num_envs=2, discrete=False):
         self.spec = types.SimpleNamespace(
-            num_envs=num_envs, max_episode_steps=10,
+            num_envs=num_envs, max_episode_steps=10, outcomes=(),
             action_low=None if discrete else np.array([-1.0, -1.0], np.float32),
             action_high=None if discrete else np.array([1.0, 1.0], np.float32))
         self.can_render = False

@@ -44,6 +44,10 @@ def test_crafter_follows_envpools_auto_reset_convention():
     assert not after.done.any() and (after.reward == 0).all()
     assert not np.array_equal(after.obs, ended.obs)
     assert env.render().shape == (64, 64, 3)
+    # Crafter's 22 achievements, read at the episode's end (a noop unlocks none of them)
+    assert len(env.spec.outcomes) == 22 and "achievements/collect_diamond" in env.spec.outcomes
+    assert set(completed["outcomes"]) == set(env.spec.outcomes)
+    assert all(not v.any() for v in completed["outcomes"].values())
 
 
 class Countdown:
@@ -63,14 +67,18 @@ class Countdown:
         done = self.t == self.die + self.seed
         discount = 0.0 if done and self.episode % 2 else 1.0
         return np.array([self.t, action, self.episode], np.float32), float(action), done, \
-            {"discount": discount}
+            {"discount": discount, "achievements": {"odd_episode": self.episode % 2}}
 
 
 def countdown_env(num_envs=2):
+    """Countdowns whose episodes report one outcome: whether the episode was odd."""
     spec = EnvSpec(env_id="countdown", family="test", num_envs=num_envs, obs_shape=(3,),
                    obs_dtype=np.dtype(np.float32), discrete=True, num_actions=3, action_shape=(),
-                   action_low=None, action_high=None, max_episode_steps=10)
-    return HostEnv(spec, Countdown, seed=0, observe=lambda obs: obs)
+                   action_low=None, action_high=None, max_episode_steps=10,
+                   outcomes=("achievements/odd_episode",))
+    return HostEnv(spec, Countdown, seed=0, observe=lambda obs: obs,
+                   outcomes=lambda info: {"achievements/odd_episode":
+                                          float(info["achievements"]["odd_episode"] > 0)})
 
 
 def test_host_env_reports_termination_truncation_and_the_reset_step_like_envpool():
@@ -86,6 +94,10 @@ def test_host_env_reports_termination_truncation_and_the_reset_step_like_envpool
     # Env 1 (seed 1, episode 1: odd) dies at its 5th step: terminated.
     assert results[4].terminated[1] and not results[4].truncated[1]
     assert results[4].reward[1] == 2.0
+    # Outcomes at an episode's last step only: env 0's even episode 0, env 1's odd episode 1.
+    odd = np.stack([r.outcomes["achievements/odd_episode"] for r in results])
+    np.testing.assert_array_equal(odd[:, 0], 0)
+    np.testing.assert_array_equal(odd[:, 1], [0, 0, 0, 0, 1, 0])
 
 
 def test_host_env_xla_step_in_a_scan_equals_the_host_path():
@@ -99,6 +111,8 @@ def test_host_env_xla_step_in_a_scan_equals_the_host_path():
     for t, res in enumerate(expected):
         for field in ("obs", "reward", "terminated", "truncated", "episode_over"):
             np.testing.assert_array_equal(np.asarray(getattr(got, field)[t]), getattr(res, field))
+        np.testing.assert_array_equal(np.asarray(got.outcomes["achievements/odd_episode"][t]),
+                                      res.outcomes["achievements/odd_episode"])
 
 
 def test_crafter_without_the_package_is_refused_with_the_install_command(monkeypatch):

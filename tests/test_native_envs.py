@@ -162,6 +162,35 @@ def test_craftax_classic_symbolic_steps_as_craftax_does_without_its_auto_reset()
     assert jax.tree.map(jax.typeof, state) == first_types
 
 
+@pytest.mark.skipif(importlib.util.find_spec("craftax") is None,
+                    reason="the craftax extra (pip install -e '.[craftax]')")
+def test_craftax_episodes_report_their_achievements_at_their_last_step():
+    """Each episode's outcomes are Craftax's ``state.achievements`` at its last step (1:
+    unlocked), 0 at every other step; episode statistics average them over episodes."""
+    env = make_env({"id": "craftax:Craftax-Classic-Symbolic-v1", "max_episode_steps": 12},
+                   num_envs=3, seed=0)
+    assert len(env.spec.outcomes) == 22 and "achievements/collect_wood" in env.spec.outcomes
+    step = jax.jit(env.xla_step)
+    state, row = env.xla_reset()
+    stats = EpisodeStats.create(3, awaiting_reset=True)
+    stats, _ = stats.update(row)
+    ended = 0
+    for t in range(25):
+        state, row = step(state, jnp.asarray([5, t % 17, 1]))  # 5: DO (collects wood)
+        stats, completed = stats.update(row)
+        got = np.stack([row.outcomes[n] for n in env.spec.outcomes], -1)
+        expected = np.where(np.asarray(row.done)[:, None],
+                            np.asarray(state.inner.achievements, np.float32), 0.0)
+        np.testing.assert_array_equal(got, expected)
+        if row.done.any():
+            ended += int(row.done.sum())
+            metrics = episode_metrics(completed)
+            assert float(metrics["charts/achievements/collect_wood"]) == pytest.approx(
+                float(np.mean(np.asarray(completed["outcomes"]["achievements/collect_wood"])[
+                    np.asarray(completed["mask"])])))
+    assert ended == 6 and state.inner.achievements.shape == (3, 22)
+
+
 @pytest.mark.slow  # the first import of Craftax's pixel envs renders its textures (~1 min)
 @pytest.mark.skipif(importlib.util.find_spec("craftax") is None,
                     reason="the craftax extra (pip install -e '.[craftax]')")
@@ -324,14 +353,19 @@ def test_every_ppo_backbone_trains_in_one_program_on_a_jax_env(env_id, backbone)
     assert all(jax.tree.leaves(changed))
 
 
-def test_evaluation_on_the_device_gives_the_host_paths_episodes():
+@pytest.mark.parametrize("env", [
+    {"env.id": "gymnax:CartPole-v1"},
+    pytest.param({"env.id": "craftax:Craftax-Classic-Symbolic-v1", "env.max_episode_steps": 30},
+                 marks=pytest.mark.skipif(importlib.util.find_spec("craftax") is None,
+                                          reason="the craftax extra"))], ids=["cartpole", "craftax"])
+def test_evaluation_on_the_device_gives_the_host_paths_episodes(env):
     """The evaluator runs a JAX env's episodes as one program; the same seeds, quotas and
-    keys as its host path, so the same returns, evaluation after evaluation."""
+    keys as its host path, so the same returns (and Craftax's achievements), evaluation after
+    evaluation."""
     from jaxwm.algos import ppo
     from jaxwm.loop.evaluate import Evaluator
 
-    config = load_config("ppo:tiny", {"env.id": "gymnax:CartPole-v1", "eval.num_envs": 2,
-                                      "eval.num_episodes": 3})
+    config = load_config("ppo:tiny", {**env, "eval.num_envs": 2, "eval.num_episodes": 3})
     algo = ppo.build(config)
     state = algo.init(jax.random.PRNGKey(0))
     on_device, on_host = Evaluator.for_algorithm(config, algo), Evaluator.for_algorithm(config, algo)
@@ -339,5 +373,7 @@ def test_evaluation_on_the_device_gives_the_host_paths_episodes():
         device = on_device.run(state, key)
         host = on_host._run_on_host(state, key)
         assert device["eval/episodes"] == 3 and device.keys() == host.keys()
+        if "craftax" in env["env.id"]:
+            assert "eval/achievements/collect_wood" in device
         for name in device:
             np.testing.assert_allclose(device[name], host[name], rtol=1e-6, err_msg=name)

@@ -296,9 +296,69 @@ def test_auto_normalisation_scores_each_task_as_it_is_published(tmp_path):
 
     assert [auto_normalization(e) for e in ("Pong-v5", "CheetahRun-v1", "Hopper-v4",
                                             "CartPole-v1")] == ["atari_hns", "dmc", "d4rl", "raw"]
+    assert [auto_normalization(e) for e in (
+        "playground:CartpoleBalance", "craftax:Craftax-Classic-Symbolic-v1", "crafter",
+        "gymnax:Breakout-MinAtar")] == ["dmc", "craftax", "craftax", "raw"]
     write_run(tmp_path / "runs" / "pong", [14.6], env_id="Pong-v5")  # human level
     write_run(tmp_path / "runs" / "cheetah", [500.0], env_id="CheetahRun-v1")
     out = report(tmp_path, [tmp_path / "runs"])
     finals = {r["env.id"]: r["final"][0] for r in out.table}
     assert finals == {"Pong-v5": pytest.approx(1.0), "CheetahRun-v1": pytest.approx(0.5)}
     assert "normalised score (atari_hns, dmc)" in out.markdown
+
+
+def write_achievements(path, rows, seeds=1):
+    """Appends rows of achievement metrics to a run's metrics.jsonl: each row
+    ``(env_steps, space, episodes, {name: per-seed rates})``."""
+    with open(os.path.join(path, "metrics.jsonl"), "a") as f:
+        for step, space, episodes, rates in rows:
+            row = {"step": step, "counters/env_steps": step, "charts/progress": 1.0}
+            if space == "charts":
+                row["charts/episodes"] = float(np.mean(episodes))
+                row["charts/episodic_return"] = 1.0
+                if seeds > 1:
+                    row.update({f"charts/episodes/seed_{k}": e for k, e in enumerate(episodes)})
+            for name, per_seed in rates.items():
+                column = f"{space}/achievements/{name}"
+                row[column] = float(np.mean(per_seed))
+                if seeds > 1:
+                    row.update({f"{column}/seed_{k}": v for k, v in enumerate(per_seed)})
+            f.write(json.dumps(row) + "\n")
+
+
+def test_achievements_give_success_rates_and_crafters_score(tmp_path):
+    """Two seeds on Craftax-Classic: the eval table takes each seed's last evaluation and
+    Crafter's score of each seed's rates in percent, exp(mean ln(1 + s)) - 1 (hand-computed
+    below); the training one weights windows by their episodes (Crafter's protocol)."""
+    run = write_run(tmp_path / "runs" / "a", [11.0, 5.5], env_id="craftax:Craftax-Classic-Pixels-v1",
+                    steps=(100, 200, 300))
+    write_achievements(run, [
+        (100, "eval", None, {"collect_wood": [0.0, 0.0], "place_table": [0.0, 0.0]}),
+        (300, "eval", None, {"collect_wood": [1.0, 0.5], "place_table": [0.0, 0.25]}),
+        (100, "charts", [1, 3], {"collect_wood": [1.0, 0.0], "place_table": [0.0, 0.0]}),
+        (200, "charts", [3, 1], {"collect_wood": [0.0, 1.0], "place_table": [0.5, 0.0]})],
+        seeds=2)
+    out = report(tmp_path, [tmp_path / "runs"])
+    assert out.table[0]["final"][0] == pytest.approx(100 * 8.25 / 22)  # % of max (22)
+    assert {"achievements.csv", "achievements.png"} <= set(out.files)
+    scores_by_seed = [np.sqrt(101 * 1) - 1, np.sqrt(51 * 26) - 1]
+    rows = {line.split(" | ")[0].strip("| *"): line for line in out.markdown.splitlines()
+            if line.startswith("| ")}
+    assert f"{np.mean(scores_by_seed):.1f} [" in rows["Crafter score"]
+    assert rows["collect_wood"].endswith("| 75.0 |")  # (100 + 50) / 2
+    assert rows["place_table"].endswith("| 12.5 |")
+
+    out = report(tmp_path, [tmp_path / "runs"], metric="charts/episodic_return")
+    rows = {line.split(" | ")[0].strip("| *"): line for line in out.markdown.splitlines()
+            if line.startswith("| ")}
+    # seed 0: wood (1 x 1 + 0 x 3) / 4 = 25%, table 37.5%; seed 1: wood 25%, table 0%
+    assert rows["collect_wood"].endswith("| 25.0 |")
+    assert rows["place_table"].endswith("| 18.8 |")
+    with open(tmp_path / "out" / "achievements.csv") as f:
+        assert "crafter_score" in f.read()
+
+
+def test_runs_without_achievements_get_no_achievements_section(tmp_path):
+    write_run(tmp_path / "runs" / "a", [1.0, 2.0])
+    out = report(tmp_path, [tmp_path / "runs"])
+    assert "Achievements" not in out.markdown and "achievements.png" not in out.files

@@ -1,7 +1,8 @@
 """TD-MPC2 learning checks (``slow``): the 1M model with a lighter planner learns Pendulum-v1
-and DMC's cartpole-balance on a CPU. Budgets, thresholds and what the runs measured are in each
-test and in README.md ("Tests"); both run the whole schedule (seed -> pretrain -> train)
-through ``jaxwm.runner`` and read the run's ``metrics.jsonl``."""
+and DMC's cartpole-balance (in MuJoCo Playground, three seeds) on a CPU. Budgets, thresholds
+and what the runs measured are in each test and in README.md ("Tests"); both run the whole
+schedule (seed -> pretrain -> train) through ``jaxwm.runner`` and read the run's
+``metrics.jsonl``."""
 
 import json
 import os
@@ -38,28 +39,22 @@ def test_pendulum_reaches_minus_250(tmp_path):
     assert evals[-1][1] >= -250, evals
 
 
-def test_cartpole_balance_reaches_800(tmp_path):
-    """DMC cartpole-balance (action repeat 2: two control steps per agent step, rewards summed;
-    500-step episodes; returns on DMC's 0-1000 scale) with the 1M model and a lighter planner
-    (2 iterations of 128 samples, 32 elites, 12 policy trajectories; a 1-D action needs no
-    more) and batch 128. Budget: CARTPOLE_STEPS env steps, the first 1000 random. Measured
-    (2026-11-26, 55 min on 2 CPU cores shared with up to three other runs): training
-    returns per 1000 steps 277.8 (random), 321.5, 309.3, 552.0, 580.6, 721.7, 812.2, 732.5,
-    754.1, 887.8; evaluations 694.8 at 5000 and 860.0 at 10000, 868.4 after the last
-    update. Again (2026-11-27, 14 min 46 s alone, Q-head dropout from ``ops.dropout``): 611.8
-    at 5000, 962.2 at 10000, 960.3 after the last update. Again (2026-11-27, later, the Q heads
-    as one function of their stacked parameters, 19 min 23 s with a SimPLe run beside it):
-    718.5 at 5000, 938.9 at 10000, 949.9 after the last update. The earlier runs that stalled near
-    470 had envpool's action repeat, which reported only the last control step's reward: half
-    of these returns (jaxwm/envs/factory.py now sums them)."""
-    evals = evaluations("tdmpc2:dmc", str(tmp_path), **CARTPOLE)
-    print("CartpoleBalance evaluations:", evals)
-    assert max(r for _, r in evals) >= 800, evals
-
-
-CARTPOLE_STEPS = 10_000
-CARTPOLE = {"env.id": "CartpoleBalance-v1", "model_size": 1, "total_env_steps": CARTPOLE_STEPS,
-            "tdmpc2.seed_steps": 1000, "tdmpc2.batch_size": 128, "tdmpc2.num_samples": 128,
-            "tdmpc2.iterations": 2, "tdmpc2.num_elites": 32, "tdmpc2.num_pi_trajs": 12,
-            "eval.every": "5000 env_steps", "eval.num_envs": 5, "eval.num_episodes": 5,
-            "log.every": "1000 env_steps"}
+def test_playground_cartpole_balance_reaches_900_on_three_seeds(tmp_path):
+    """``tdmpc2:cartpole`` as it ships (DMC cartpole-balance in MuJoCo Playground, stepped in
+    MJX: action repeat 2, 500-step episodes, returns on DMC's 0-1000 scale; the 1M model, MPPI
+    2 x 128 samples, batch 128), three seeds in one process (``num_seeds=3``). Budget: 10,000
+    env steps each, the first 1000 random, evaluated greedily on 5 episodes at 5000 and 10,000
+    steps and after the last update. Every seed's best evaluation must reach 900. A one-seed
+    check on envpool's task (``CartpoleBalance-v1``, until 2026-12-02) passed three times
+    (best 860.0, 962.2, 938.9) and then failed at 728.5 once a refactor changed its rounding
+    (benchmarks/results/learning_cpu.md): one seed is a draw, three are a check. Measured
+    figures are in benchmarks/results/learning_cpu.md ("TD-MPC2 on Playground")."""
+    config = load("tdmpc2:cartpole", {"num_seeds": 3, "log.progress": False,
+                                      "checkpoint.every": "never"})
+    runner.run(config, str(tmp_path))
+    rows = [json.loads(line) for line in open(os.path.join(tmp_path, "metrics.jsonl"))]
+    evals = [[r[f"eval/episodic_return/seed_{k}"] for k in range(3)] for r in rows
+             if "eval/episodic_return/seed_0" in r]
+    print("CartpoleBalance evaluations per seed:", evals)
+    assert len(evals) >= 2 and rows[-1]["counters/env_steps"] == 10_000
+    assert min(max(e[k] for e in evals) for k in range(3)) >= 900, evals

@@ -14,9 +14,14 @@ sequence replay and the loop.
   jitted scan, each on ``batch_size`` windows of ``horizon + 1`` steps (losses past an
   episode's end masked, ``agents.tdmpc2``).
 
+* ``iterate`` (a JAX env, ``envs.native``): ``iterations_per_call`` rounds of collect and
+  update_model as one compiled program (``acting.Actor.replay_iterations``): planning, env
+  steps and updates stay on the device, the host visited once a call.
+
 Phases (``jaxwm/configs/tdmpc2.py``): ``seed`` collects ``seed_steps`` random env steps
 (max(1000, 5 x episode length)), ``pretrain`` runs as many updates, ``train`` alternates
-collect and update_model (one update per env step by default). DMC runs with action repeat 2
+collect and update_model (one update per env step by default), or calls ``iterate`` on a JAX
+env (``phase_hooks``). DMC runs with action repeat 2
 (``env.frame_skip``; episodes of 500 agent steps, returns up to 1000).
 
 Seeds (``num_seeds`` N): learner and replay get a leading seed axis and every jitted function
@@ -30,11 +35,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import struct
 
+from jaxwm import backend
 from jaxwm.agents import tdmpc2
-from jaxwm.algos import Entry, continuous_control
+from jaxwm.algos import NO_ASYNC_POOL, NO_PROCESSES, Entry, continuous_control
 from jaxwm.config import ConfigError, require
 from jaxwm.data.replay import SequenceReplay
 from jaxwm.envs import acting
+from jaxwm.envs.native import is_native
 from jaxwm.envs.stats import episode_metrics
 from jaxwm.loop.algorithm import Algorithm, Hook
 from jaxwm.loop.compile import HookCompiler
@@ -74,6 +81,13 @@ def validate(config) -> None:
          f"{t.horizon + 1}. Raise seed_steps."),
         (t.capacity >= t.seed_steps, "tdmpc2.capacity must hold the seed_steps."),
     ])
+    per_call = config.env.num_envs * t.steps_per_collect * config.iterations_per_call
+    train_steps = config.total_env_steps - t.seed_steps
+    require([(not is_native(config.env.id) or train_steps % per_call == 0,
+              f"The train phase's {train_steps:,} env steps (total_env_steps - "
+              f"tdmpc2.seed_steps) are not a multiple of the {per_call:,} of one call "
+              f"(iterations_per_call={config.iterations_per_call}); the last call would run "
+              f"past total_env_steps. Use another iterations_per_call or total_env_steps.")])
 
 
 def validate_env(config, spec) -> None:
@@ -85,9 +99,18 @@ def validate_env(config, spec) -> None:
 def hook_counts(config) -> dict[str, dict[str, int]]:
     """What one call of each hook adds to each counter (``build``'s hooks and
     ``python -m jaxwm.train --dry_run``'s phase table: one source)."""
-    t = config.tdmpc2
-    return {"collect": {"env_steps": config.env.num_envs * t.steps_per_collect},
-            "update_model": {"model_updates": updates_per_collect(config)}}
+    t, k = config.tdmpc2, config.iterations_per_call
+    counts = {"collect": {"env_steps": config.env.num_envs * t.steps_per_collect},
+              "update_model": {"model_updates": updates_per_collect(config)}}
+    if is_native(config.env.id):  # both in one program, k rounds a call
+        counts["iterate"] = {c: n * k for hook in counts.values() for c, n in hook.items()}
+    return counts
+
+
+def phase_hooks(config) -> dict[str, tuple[str, ...]]:
+    """The train phase's hooks: ``collect, update_model``, or with a JAX env ``iterate``
+    (plan, step and update in one program)."""
+    return {"train": ("iterate",) if is_native(config.env.id) else ("collect", "update_model")}
 
 
 def build(config) -> Algorithm:
@@ -129,17 +152,41 @@ def build(config) -> Algorithm:
         learner, metrics = update(state.learner, state.replay, key)
         return state.replace(learner=learner), {}, metrics
 
+    hooks = {"collect": Hook(actor.replay_hook(), counts=counts["collect"]),
+             "update_model": compiler.hook(update_model, counts=counts["update_model"])}
+    if actor.env_step.in_state:
+        hooks["iterate"] = iterate_hook(config, actor, update_model, compiler)
     return Algorithm(
-        name="TD-MPC2", init=init,
-        hooks={"collect": Hook(actor.replay_hook(), counts=counts["collect"]),
-               "update_model": compiler.hook(update_model, counts=counts["update_model"])},
+        name="TD-MPC2", init=init, hooks=hooks, phase_hooks=phase_hooks(config),
         policy=policy, world_model=agent.latent,
         world_model_params=lambda state: state.learner.params, close=actor.close)
 
 
+def iterate_hook(config, actor, update_model, compiler) -> Hook:
+    """With a JAX env: ``iterate``, ``iterations_per_call`` rounds of a collect (MPPI
+    planning in the rollout) and its updates as one compiled program donating the state
+    (``acting.Actor.replay_iterations``)."""
+    update_seeds = compiler.vmap(update_model)
+
+    def update(state, key):  # the learner and replay per seed; the pool's actor aside
+        learned, _, metrics = update_seeds(state.replace(actor=None), {}, key)
+        return learned.replace(actor=state.actor), metrics
+
+    iterate = actor.replay_iterations(update, config.iterations_per_call)
+
+    def hook(state, data, key):
+        del data
+        state, metrics = iterate(state, key)
+        return state, {}, metrics
+
+    return Hook(backend.jit(hook, donate_argnums=0), counts=hook_counts(config)["iterate"])
+
+
 ENTRY = Entry(name="tdmpc2", build=build, validate=validate, hook_counts=hook_counts,
-              validate_env=validate_env, tiny="tdmpc2:tiny",
+              validate_env=validate_env, phase_hooks=phase_hooks, tiny="tdmpc2:tiny",
               tiny_more=("tdmpc2:playground_tiny",),
-              capabilities=continuous_control("tdmpc2.batch_size"),
+              # several rounds in one program (iterations_per_call) need a JAX env
+              capabilities=continuous_control("tdmpc2.batch_size", cannot={
+                  "processes": NO_PROCESSES, "async_pool": NO_ASYNC_POOL}),
               resumable=("tdmpc2.lr", "tdmpc2.grad_clip_norm"),
               zero_means={"tdmpc2.envs_per_batch": "1 on a CPU, every env on a GPU"})

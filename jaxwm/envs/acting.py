@@ -63,7 +63,7 @@ from flax import struct
 
 from jaxwm import backend, parallel
 from jaxwm.envs.factory import make_env
-from jaxwm.envs.stats import EpisodeStats, episode_metrics
+from jaxwm.envs.stats import EpisodeStats, episode_metrics, merge_episode_metrics
 from jaxwm.envs.types import EnvSpec, StepResult
 
 # ----------------------------------------------------------------------------- policies
@@ -526,6 +526,7 @@ class Actor:
             # Buffers of their own (float), not the replay's counters, which are donated.
             return replay, replay.transitions.astype(jnp.float32)
 
+        self._add_function = add
         self._add = backend.jit(add, donate_argnums=0)
 
     @property
@@ -598,6 +599,41 @@ class Actor:
             return state.replace(actor=actor, replay=replay), {}, metrics
 
         return collect
+
+    def replay_iterations(self, update: Callable, iterations: int,
+                          params_of: Callable = lambda state: state.learner) -> Callable:
+        """With a JAX env (``EnvStep.in_state``), off-policy collection and learning as one
+        program: ``iterate(state, key) -> (state, metrics)`` runs ``iterations`` rounds, each
+        ``collect_into``'s rollout into ``state.replay`` (policy ``params_of(state)``, the env
+        in ``state.actor``) then ``update(state, key) -> (state, metrics)``, as one
+        ``lax.scan`` (PPO's ``make_iterations`` for learners with a replay). Keys: ``key``
+        split into one per round (per group where it has a group axis), each into the
+        collect's and the update's. Metrics: the rounds' episodes merged
+        (``stats.merge_episode_metrics``), ``replay/size`` the last round's, the rest
+        averaged over the rounds."""
+        if not self.env_step.in_state:
+            raise ValueError("replay_iterations needs an env written in JAX, whose state "
+                             "travels in the ActorState; a host-stepped pool acts per call.")
+
+        def one(state, key):
+            collect_key, update_key = step_keys(key, 2)
+            random = state.replay.added < self.warmup_transitions
+            params = (random, params_of(state)) if self.warmup_transitions else params_of(state)
+            _, (actor, (rows, metrics)) = self.collect_function(params, state.actor, None,
+                                                                collect_key)
+            replay, size = self._add_function(state.replay, rows)
+            state, update_metrics = update(state.replace(actor=actor, replay=replay),
+                                           update_key)
+            return state, {**metrics, "replay/size": size,
+                           "charts/random_actions": random.astype(jnp.float32),
+                           **update_metrics}
+
+        def iterate(state, key):
+            state, metrics = jax.lax.scan(one, state, step_keys(key, iterations))
+            return state, {**merge_episode_metrics(metrics),
+                           "replay/size": metrics["replay/size"][-1]}
+
+        return iterate
 
     def start_next(self, params, actor: ActorState, key) -> None:
         """``background`` only: starts the next rollout from ``actor`` with ``params``."""

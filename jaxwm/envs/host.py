@@ -22,7 +22,10 @@ Crafter (``env.id = "crafter"``, ``pip install crafter``; jaxwm's optional extra
 Atari's, 17 discrete actions, episodes of at most 10,000 steps (``env.max_episode_steps``
 changes that). Death ends an episode with discount 0 (``terminated``), the length limit with
 discount 1 (``truncated``). The reward is Crafter's: +1 per achievement unlocked for the
-first time in the episode, and +-0.1 per unit of health gained or lost. Crafter 1.8.3 is not
+first time in the episode, and +-0.1 per unit of health gained or lost. An episode's outcomes
+(``StepResult.outcomes``) are its 22 achievements, 1 where it unlocked one (Crafter's
+``info["achievements"]`` counts at its last step), the success rates of Crafter's score.
+Crafter 1.8.3 is not
 bit-reproducible from its seed: every 10 steps it balances creatures per chunk by iterating a
 ``set`` of objects, whose order follows memory addresses, so two worlds with one seed can
 differ in a few creatures.
@@ -99,12 +102,14 @@ class HostEnv:
     reward, done, info)``, ``info["discount"]`` 0 at a termination), batched on the host.
 
     ``make_one(seed)`` builds one env; ``observe(obs)`` maps its observation to this
-    library's layout. Actions follow ``spec``: an int per env for a discrete space; for a
+    library's layout; ``outcomes(info)`` reads ``spec.outcomes`` from the ``info`` of an
+    episode's last step. Actions follow ``spec``: an int per env for a discrete space; for a
     continuous one a float32 vector, clipped to ``[action_low, action_high]`` as
     ``EnvPoolEnv`` does."""
 
     def __init__(self, spec: EnvSpec, make_one: Callable[[int], Any], seed: int,
-                 observe: Callable[[np.ndarray], np.ndarray]) -> None:
+                 observe: Callable[[np.ndarray], np.ndarray],
+                 outcomes: Callable[[dict], Mapping[str, float]] | None = None) -> None:
         self.spec = spec
         self.batch_size = spec.num_envs
         self.is_async = False
@@ -117,6 +122,7 @@ class HostEnv:
         self._finalizer = weakref.finalize(self, _release, self._owner, self._envs)
         atexit.register(self._finalizer)
         self._observe = observe
+        self._outcomes = outcomes
         self._needs_reset = np.ones(spec.num_envs, bool)
         self._last_obs: list[np.ndarray] = [None] * spec.num_envs
 
@@ -137,13 +143,17 @@ class HostEnv:
         self._last_obs = list(obs)
         zeros, falses = np.zeros(self.spec.num_envs, np.float32), np.zeros(self.spec.num_envs, bool)
         return StepResult(obs=obs, reward=zeros, terminated=falses, truncated=falses,
-                          episode_over=falses, raw_reward=zeros)
+                          episode_over=falses, raw_reward=zeros, outcomes=self._no_outcomes())
+
+    def _no_outcomes(self) -> dict[str, np.ndarray]:
+        return {name: np.zeros(self.spec.num_envs, np.float32) for name in self.spec.outcomes}
 
     def _step(self, actions: Any) -> StepResult:
         actions = self._host_actions(actions)
         n = self.spec.num_envs
         reward = np.zeros(n, np.float32)
         terminated, truncated = np.zeros(n, bool), np.zeros(n, bool)
+        outcomes = self._no_outcomes()
         for i, env in enumerate(self._envs):
             if self._needs_reset[i]:
                 self._last_obs[i] = self._observe(env.reset())
@@ -155,9 +165,13 @@ class HostEnv:
             terminated[i] = done and float(info.get("discount", 0.0)) == 0.0
             truncated[i] = done and not terminated[i]
             self._needs_reset[i] = done
+            if done and self._outcomes is not None:
+                for name, value in self._outcomes(info).items():
+                    outcomes[name][i] = value
         over = terminated | truncated
         return StepResult(obs=np.stack(self._last_obs), reward=reward, terminated=terminated,
-                          truncated=truncated, episode_over=over, raw_reward=reward.copy())
+                          truncated=truncated, episode_over=over, raw_reward=reward.copy(),
+                          outcomes=outcomes)
 
     def _host_actions(self, actions: Any) -> list:
         spec = self.spec
@@ -185,7 +199,7 @@ class HostEnv:
         value = jax.ShapeDtypeStruct((n,), jnp.float32)
         return StepResult(obs=jax.ShapeDtypeStruct((n, *spec.obs_shape), spec.obs_dtype),
                           reward=value, terminated=flag, truncated=flag, episode_over=flag,
-                          raw_reward=value)
+                          raw_reward=value, outcomes={name: value for name in spec.outcomes})
 
     def xla_reset(self) -> tuple[jax.Array, StepResult]:
         """Host call: reset every env; the handle (a step counter) and the first result."""
@@ -226,9 +240,12 @@ def make_crafter(env_config: Mapping[str, Any], num_envs: int, seed: int) -> Hos
     spec = EnvSpec(env_id="crafter", family="crafter", num_envs=num_envs,
                    obs_shape=(3, 64, 64), obs_dtype=np.dtype(np.uint8), discrete=True,
                    num_actions=CRAFTER_ACTIONS, action_shape=(), action_low=None,
-                   action_high=None, max_episode_steps=length)
+                   action_high=None, max_episode_steps=length,
+                   outcomes=tuple(f"achievements/{a}" for a in crafter.constants.achievements))
     return HostEnv(spec, lambda s: crafter.Env(length=length, seed=s), seed,
-                   lambda obs: np.transpose(np.asarray(obs, np.uint8), (2, 0, 1)))
+                   lambda obs: np.transpose(np.asarray(obs, np.uint8), (2, 0, 1)),
+                   outcomes=lambda info: {f"achievements/{name}": float(count > 0)
+                                          for name, count in info["achievements"].items()})
 
 
 # Env ids provided by Python packages instead of envpool: id -> builder.

@@ -27,6 +27,9 @@ Conventions, exactly envpool's (``jaxwm.envs.types``), whatever the suite does i
   i with seed + i, so several processes' pools together are the one-process pool); every step
   splits it, so an env's future is a function of its state alone.
 * ``episode_over`` is ``terminated | truncated`` and ``raw_reward`` the reward (no clipping).
+* Outcomes (``StepResult.outcomes``, named in ``EnvSpec.outcomes``): what a suite reports of
+  an episode at its last step, 0 elsewhere; Craftax's achievements, 1 where that episode
+  unlocked one (``charts/`` and ``eval/achievements/<name>``, the success rates).
 
 Observation layouts (per env):
 
@@ -116,7 +119,8 @@ class NativeEnv:
             obs_shape=tuple(example.shape), obs_dtype=np.dtype(example.dtype),
             discrete=task.discrete, num_actions=task.num_actions,
             action_shape=() if task.discrete else tuple(task.action_low.shape),
-            action_low=task.action_low, action_high=task.action_high, max_episode_steps=limit)
+            action_low=task.action_low, action_high=task.action_high, max_episode_steps=limit,
+            outcomes=task.outcome_names)
         self._mask = observation_mask(env_id, self.spec.obs_shape,
                                       env_config.get("masked_indices", ()))
         self._host_state = None
@@ -147,7 +151,8 @@ class NativeEnv:
         state = NativeState(inner=inner, key=carried, elapsed=jnp.zeros(n, jnp.int32),
                             final=falses)
         return state, StepResult(obs=self._observe(raw), reward=zeros, terminated=falses,
-                                 truncated=falses, episode_over=falses, raw_reward=zeros)
+                                 truncated=falses, episode_over=falses, raw_reward=zeros,
+                                 outcomes={name: zeros for name in self.spec.outcomes})
 
     def _seed_keys(self, seed: int):
         """Env i's key stream starts at ``PRNGKey(seed + i)``."""
@@ -180,8 +185,13 @@ class NativeEnv:
         done = terminated | truncated
         new = NativeState(inner=inner, key=carried, elapsed=jnp.where(reset, 0, elapsed),
                           final=done)
+        # Read after the step (resets replace only envs whose last row was final, never one
+        # that ends now): the ending episode's own outcomes.
+        outcomes = {name: jnp.where(done, value, 0.0) for name, value in
+                    (jax.vmap(self._task.outcomes)(inner) if self.spec.outcomes else {}).items()}
         return new, StepResult(obs=self._observe(raw), reward=reward, terminated=terminated,
-                               truncated=truncated, episode_over=done, raw_reward=reward)
+                               truncated=truncated, episode_over=done, raw_reward=reward,
+                               outcomes=outcomes)
 
     # ---- host path (evaluation) ----------------------------------------------------------
 

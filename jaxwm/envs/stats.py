@@ -8,6 +8,9 @@ Counting convention (matches envpool's ``info['elapsed_step']`` at the end of an
   neither length nor return. This applies after a lost Atari life too: envpool's
   ``elapsed_step`` does not advance on that transition either.
 * The **return** is the sum of ``raw_reward`` (unclipped) over the same steps.
+* An env's ``outcomes`` (``StepResult.outcomes``: Craftax's achievements) are read at the
+  step that ends the episode, and averaged over episodes as the return is
+  (``charts/achievements/<name>``: the share of episodes that unlocked it).
 * Both accumulate across lost lives and reset only when ``episode_over`` (the real game over
   or a truncation), which is the step at which the episode is reported.
 
@@ -56,6 +59,8 @@ class EpisodeStats:
             "return": jnp.where(over, ret, 0.0),
             "length": jnp.where(over, length, 0).astype(jnp.float32),
             "mask": over,
+            "outcomes": {name: jnp.where(over, jnp.asarray(value, jnp.float32), 0.0)
+                         for name, value in res.outcomes.items()},
         }
         new = EpisodeStats(
             running_return=jnp.where(over, 0.0, ret),
@@ -74,13 +79,27 @@ def episode_metrics(completed: dict[str, jax.Array]) -> dict[str, jax.Array]:
         return jnp.where(n > 0, jnp.sum(x * completed["mask"]) / jnp.maximum(n, 1), jnp.nan)
 
     return {"charts/episodic_return": mean(completed["return"]),
-            "charts/episodic_length": mean(completed["length"]), "charts/episodes": n}
+            "charts/episodic_length": mean(completed["length"]), "charts/episodes": n,
+            **{f"charts/{name}": mean(value)
+               for name, value in completed.get("outcomes", {}).items()}}
+
+
+OUTCOME_KINDS = ("achievements",)  # the namespaces of ``StepResult.outcomes``' names
+
+
+def per_episode(name: str) -> bool:
+    """Whether a metric of ``episode_metrics`` is a mean over the episodes that ended (so
+    windows merge weighted by their episodes): the return, the length and the outcomes."""
+    return name in ("charts/episodic_return", "charts/episodic_length") or \
+        name.startswith(tuple(f"charts/{kind}/" for kind in OUTCOME_KINDS))
+
 
 
 def merge_episode_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
     """Metrics of several windows stacked on a leading axis (iterations of one compiled
-    call) as one window's: ``episode_metrics``' names weighted by each window's episodes
-    (NaN when none ended in any), their counts summed, every other metric averaged."""
+    call) as one window's: ``episode_metrics``' means weighted by each window's episodes
+    (NaN when none ended in any; ``per_episode``), their counts summed, every other metric
+    averaged."""
     n = metrics["charts/episodes"]
     total = jnp.sum(n, axis=0)
 
@@ -88,8 +107,6 @@ def merge_episode_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]
         summed = jnp.sum(jnp.where(n > 0, x, 0.0) * n, axis=0)
         return jnp.where(total > 0, summed / jnp.maximum(total, 1), jnp.nan)
 
-    episodes = {"charts/episodic_return", "charts/episodic_length", "charts/episodes"}
-    merged = {name: jnp.mean(x, axis=0) for name, x in metrics.items() if name not in episodes}
-    return {**merged, "charts/episodic_return": weighted(metrics["charts/episodic_return"]),
-            "charts/episodic_length": weighted(metrics["charts/episodic_length"]),
-            "charts/episodes": total}
+    return {name: total if name == "charts/episodes" else
+            weighted(x) if per_episode(name) else jnp.mean(x, axis=0)
+            for name, x in metrics.items()}

@@ -43,6 +43,10 @@ class Task:
     action_low: np.ndarray | None
     action_high: np.ndarray | None
     max_episode_steps: int  # the suite's own limit, the default
+    # ``outcomes(state) -> {name: float32 scalar}`` of one env, read at an episode's last
+    # step (``StepResult.outcomes``); ``outcome_names`` its keys.
+    outcomes: Callable | None = None
+    outcome_names: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,10 +109,21 @@ CRAFTAX_IDS = ["Craftax-Classic-Symbolic-v1", "Craftax-Classic-Pixels-v1",
                "Craftax-Symbolic-v1", "Craftax-Pixels-v1"]
 
 
+def craftax_achievements(name: str) -> list[str]:
+    """The achievements of a Craftax env (Craftax-Classic's 22, Crafter's; Craftax's 67), in
+    Craftax's order, lower case as Craftax logs them (``collect_wood``)."""
+    if "Classic" in name:
+        from craftax.craftax_classic.constants import Achievement
+    else:
+        from craftax.craftax.constants import Achievement
+    return [a.name.lower() for a in sorted(Achievement, key=lambda a: a.value)]
+
+
 def _craftax_task(name: str, env_config: Mapping[str, Any]) -> Task:
     """Craftax's pixels are resized (bilinear, ``jax.image.resize``) to ``env.img_height`` x
     ``env.img_width`` where both are set: DreamerV3's encoder takes 64 x 64, Craftax-Classic
-    renders 63 x 63."""
+    renders 63 x 63. An episode's outcomes are its achievements (``state.achievements``, 1
+    where unlocked: the success rates behind Crafter's score)."""
     from craftax.craftax_env import make_craftax_env_from_name
 
     env = make_craftax_env_from_name(name, auto_reset=False)
@@ -116,6 +131,7 @@ def _craftax_task(name: str, env_config: Mapping[str, Any]) -> Task:
     unlimited = params.replace(max_timesteps=UNLIMITED)
     pixels = "Pixels" in name
     size = (env_config.get("img_height"), env_config.get("img_width"))
+    achievements = [f"achievements/{a}" for a in craftax_achievements(name)]
 
     def observe(obs):
         if not pixels:
@@ -131,7 +147,10 @@ def _craftax_task(name: str, env_config: Mapping[str, Any]) -> Task:
     return Task(family="craftax", reset=lambda key: env.reset_env(key, unlimited), step=step,
                 observe=observe, discrete=True, num_actions=int(env.action_space(params).n),
                 action_low=None, action_high=None,
-                max_episode_steps=int(params.max_timesteps))
+                max_episode_steps=int(params.max_timesteps),
+                outcomes=lambda state: dict(zip(achievements, state.achievements.astype(
+                    jnp.float32), strict=True)),
+                outcome_names=tuple(achievements))
 
 # ----------------------------------------------------------------------------- playground
 

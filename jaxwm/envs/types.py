@@ -38,6 +38,9 @@ class EnvSpec:
     action_low: np.ndarray | None  # continuous only, shape action_shape
     action_high: np.ndarray | None
     max_episode_steps: int
+    # What the env reports about each episode when it ends, beside its return and length
+    # (``StepResult.outcomes``' names): Craftax's and Crafter's ``achievements/<name>``.
+    outcomes: tuple[str, ...] = ()
 
     @property
     def is_pixels(self) -> bool:
@@ -85,6 +88,9 @@ class StepResult:
     truncated: jax.Array  # bool
     episode_over: jax.Array  # bool, real end of episode (see module docstring)
     raw_reward: jax.Array  # float32, unclipped
+    # ``EnvSpec.outcomes``: per env, float32 read at the step that ends an episode (0 at
+    # every other step); e.g. ``achievements/collect_wood`` is 1 where that episode unlocked it.
+    outcomes: dict = struct.field(default_factory=dict)
 
     @property
     def done(self) -> jax.Array:

@@ -30,7 +30,9 @@ wrapper. The noise has its own generator seeded from the run's seed, so evaluati
 Where the algorithm knows reference returns (``Algorithm.score_reference``, an offline dataset's),
 D4RL's normalised score is reported beside the return: ``eval/normalized_score`` and its std
 over episodes. For the 26 Atari 100k games, whatever the algorithm, the human-normalised
-score (``jaxwm.scores``) is: ``eval/human_normalized_score``.
+score (``jaxwm.scores``) is: ``eval/human_normalized_score``. Where the env reports outcomes
+of its episodes (``EnvSpec.outcomes``: Craftax's and Crafter's achievements), each one's mean
+over the evaluated episodes is too: ``eval/achievements/<name>``, a success rate in [0, 1].
 
 A video records env 0's first episode, a frame before each step and the episode's last one,
 and is returned as a ``metrics.Video``, which the loop writes as a GIF (Pillow ships with
@@ -119,6 +121,7 @@ class Evaluator:
         stats = EpisodeStats.create(env.spec.num_envs)
         returns = [[] for _ in quotas]
         lengths = [[] for _ in quotas]
+        outcomes = {name: [[] for _ in quotas] for name in env.spec.outcomes}
         frames = []
         recording = bool(self.config.video)
         # A generous cap so that a policy that never ends an episode cannot hang the run.
@@ -144,12 +147,14 @@ class Evaluator:
                 if len(returns[i]) < quotas[i]:
                     returns[i].append(float(completed["return"][i]))
                     lengths[i].append(float(completed["length"][i]))
+                    for name, per_env in outcomes.items():
+                        per_env[i].append(float(completed["outcomes"][name][i]))
                 if i == 0 and recording:
                     frames.append(env.render())  # the episode's last state (reset next step)
                     recording = False
             if not recording and all(len(r) >= q for r, q in zip(returns, quotas, strict=True)):
                 break
-        metrics = self._summarise(returns, lengths)
+        metrics = self._summarise(returns, lengths, outcomes)
         if frames:
             metrics["eval/video"] = Video(np.stack([np.asarray(f, np.uint8) for f in frames]),
                                           fps=30)
@@ -163,10 +168,11 @@ class Evaluator:
         if self._device_episodes is None:
             self._device_episodes = backend.jit(self._episodes_program())
         seed = env.next_host_seed()
-        returns, lengths, counts = jax.device_get(self._device_episodes(
+        returns, lengths, outcomes, counts = jax.device_get(self._device_episodes(
             self.params_of(state), key, jnp.int32(seed), jnp.float32(self.config.temperature)))
-        return self._summarise([list(r[:c]) for r, c in zip(returns, counts, strict=True)],
-                               [list(n[:c]) for n, c in zip(lengths, counts, strict=True)])
+        counted = lambda per_env: [list(x[:c]) for x, c in zip(per_env, counts, strict=True)]  # noqa: E731
+        return self._summarise(counted(returns), counted(lengths),
+                               {name: counted(v) for name, v in outcomes.items()})
 
     def _episodes_program(self):
         env, policy, quotas = self.env, self.policy, jnp.asarray(self.quotas)
@@ -194,19 +200,25 @@ class Evaluator:
                 return dict(t=loop["t"] + 1, key=key, env=env_state, rows=rows, carry=carry,
                             is_first=loop["rows"].done, stats=stats, counts=counts + take,
                             returns=keep(loop["returns"], completed["return"]),
-                            lengths=keep(loop["lengths"], completed["length"]))
+                            lengths=keep(loop["lengths"], completed["length"]),
+                            outcomes={name: keep(loop["outcomes"][name], value)
+                                      for name, value in completed["outcomes"].items()})
 
             zeros = jnp.zeros((n, most), jnp.float32)
             start = dict(t=jnp.int32(0), key=key, env=env_state, rows=rows,
                          carry=policy.init_carry(params, n), is_first=jnp.ones(n, bool),
                          stats=EpisodeStats.create(n), counts=jnp.zeros(n, jnp.int32),
-                         returns=zeros, lengths=zeros)
+                         returns=zeros, lengths=zeros,
+                         outcomes={name: zeros for name in env.spec.outcomes})
             out = jax.lax.while_loop(more, step, start)
-            return out["returns"], out["lengths"], out["counts"]
+            return out["returns"], out["lengths"], out["outcomes"], out["counts"]
 
         return episodes
 
-    def _summarise(self, returns, lengths) -> dict:
+    def _summarise(self, returns, lengths, outcomes) -> dict:
+        """Per seed, from ``[env][episode]`` lists: the mean return (and its std) and length,
+        normalised scores where known, and each outcome's mean over episodes
+        (``eval/achievements/<name>``: the share of episodes that unlocked it)."""
         def by_seed(per_env):  # [env][episode] -> [seed][episode]
             group = len(per_env) // self.num_seeds
             return [[x for per in per_env[k * group:(k + 1) * group] for x in per]
@@ -217,7 +229,9 @@ class Evaluator:
             return {}
         stats = {"eval/episodic_return": [np.mean(r) for r in returns],
                  "eval/episodic_return_std": [np.std(r) for r in returns],
-                 "eval/episodic_length": [np.mean(n) for n in lengths]}
+                 "eval/episodic_length": [np.mean(n) for n in lengths],
+                 **{f"eval/{name}": [np.mean(x) for x in by_seed(per_env)]
+                    for name, per_env in outcomes.items()}}
         if self.score_reference is not None:
             scores = [normalized_score(r, self.score_reference) for r in returns]
             stats["eval/normalized_score"] = [np.mean(s) for s in scores]

@@ -15,11 +15,15 @@ differ only by seed, and writes to ``--out``:
 * ``aggregates.md`` / ``.csv`` / ``.png``: across tasks, with rliable (``report.stats``): IQM,
   median, mean and optimality gap (normalised scores only) with stratified-bootstrap CIs, per
   method (a group less its task, ``env.id``); ``performance_profile.png``; and the probability
-  of improvement of each method over each other that ran the same tasks.
+  of improvement of each method over each other that ran the same tasks;
+* ``achievements.csv`` / ``.png`` and a table in ``table.md``, for envs that log achievements
+  (Craftax, Crafter): each achievement's success rate per group and Crafter's score
+  (``report.achievements``).
 
 Scores are the metric's values, normalised by ``--normalize`` (``jaxwm.scores``: raw, Atari
-human-normalised, D4RL, DMC / 1000; by default ``auto``, each task's published score, raw for
-tasks without one). ``make_report`` is the whole of it, for notebooks.
+human-normalised, D4RL, DMC / 1000, Craftax's % of max; by default ``auto``, each task's
+published score, raw for tasks without one, MinAtar's among them). ``make_report`` is the
+whole of it, for notebooks.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import sys
 import numpy as np
 
 from jaxwm import scores
-from jaxwm.report import figures, stats
+from jaxwm.report import achievements, figures, stats
 from jaxwm.report.runs import (
     TASK_FIELD,
     Group,
@@ -94,11 +98,17 @@ def _status(runs: list[Run]) -> str:
 
 def auto_normalization(env_id: str) -> str:
     """The score an env's results are published in: Atari's human-normalised score for the
-    26 Atari 100k games, D4RL's for its MuJoCo tasks, DMC's return / 1000, raw otherwise."""
+    26 Atari 100k games, D4RL's for its MuJoCo tasks, DMC's return / 1000 (envpool's and
+    Playground's DM Control tasks), Craftax's % of max for Craftax and Crafter, raw otherwise
+    (MinAtar's and classic control's returns are published raw)."""
     if scores.atari_game(env_id):
         return "atari_hns"
     if scores.reference_returns(env_id):
         return "d4rl"
+    if scores.craftax_max_return(env_id):
+        return "craftax"
+    if env_id.startswith("playground:"):  # jaxwm takes Playground's DM Control Suite tasks
+        return "dmc"
     try:
         from jaxwm.envs.families import infer_family
 
@@ -374,6 +384,10 @@ def make_report(paths, out: str, metric: str = "eval/episodic_return", group_by=
     figures.performance_profile(score_dict, os.path.join(out, "performance_profile.png"), unit,
                                 reps, seed)
     files += ["aggregates.csv", "aggregates.png", "performance_profile.png"]
+    achievement_lines, achievement_files = achievements.write(groups, metric, out, reps, seed,
+                                                              use_ci)
+    markdown += achievement_lines
+    files += achievement_files
     if notes or skipped:
         markdown += ["", "## Notes", ""] + [f"- {n}" for n in notes] + \
             [f"- skipped {path}: {why}" for path, why in skipped]
@@ -400,8 +414,9 @@ def main(argv=None, prog: str = "python -m jaxwm.report") -> int:
                         help="comma-separated config settings (default: those that differ)")
     parser.add_argument("--normalize", default="auto", help="auto (default: each task's "
                         "published score: Atari 100k games human-normalised, D4RL tasks D4RL, "
-                        "DMC / 1000, raw otherwise), " + ", ".join(
-                            f"{k} ({v[0]})" for k, v in scores.NORMALIZATIONS.items()))
+                        "DMC / 1000, Craftax and Crafter %% of max, raw otherwise), " + ", ".join(
+                            f"{k} ({v[0]})".replace("%", "%%")  # argparse's % formatting
+                            for k, v in scores.NORMALIZATIONS.items()))
     parser.add_argument("--ci", default="auto", choices=CI_MODES,
                         help="95%% CIs: auto (groups with 2+ seeds), always (error otherwise), "
                              "never")

@@ -116,3 +116,27 @@ def performance_profile(score_dict: dict, path: str, x_label: str, reps: int,
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def achievements(rates: dict, path: str) -> None:
+    """Success rates in percent, ``{group: {achievement: rate}}``, as bars per achievement on
+    a log scale (Crafter's figure: rare achievements stay visible), one colour per group."""
+    plt = _pyplot()
+    names = list(dict.fromkeys(n for per in rates.values() for n in per))
+    width = 0.8 / max(len(rates), 1)
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.45 * len(names) + 2), 4.5))
+    x = np.arange(len(names))
+    for i, (group, per) in enumerate(rates.items()):
+        values = np.array([per.get(n, np.nan) for n in names], np.float64)
+        # log scale: a rate of 0 is drawn at the axis' floor (0.01%)
+        ax.bar(x + (i - (len(rates) - 1) / 2) * width, np.maximum(np.nan_to_num(values), 1e-2),
+               width, label=group)
+    ax.set_yscale("log")
+    ax.set_ylim(1e-2, 100)
+    ax.set_ylabel("success rate (%)")
+    ax.set_xticks(x, [n.replace("_", " ") for n in names], rotation=60, ha="right", fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
