@@ -147,12 +147,12 @@ def test_the_resume_check_fails_when_the_jax_env_state_is_dropped(tmp_path):
         contract.check_exact_resume(forgets, config, str(tmp_path))
 
 
-# TD-MPC2's tiny config reaches its train phase's ``iterate`` after 8 seed collects and 32
-# pretraining updates.
+# The tiny configs reach their train phase's ``iterate`` after 8 collects (PPO's has no
+# earlier phase; TD-MPC2's runs 32 pretraining updates after them).
 @pytest.mark.parametrize("name, calls", [("ppo", 2), ("tdmpc2", 42)])
 def test_one_program_on_a_jax_env_agrees_on_four_devices_and_trains_seeds_as_runs(name, calls):
-    """PPO's and TD-MPC2's ``iterate`` (collection and updates in one program, two rounds a
-    call): the same on 1 and 4 devices, and N vmapped seeds are N runs."""
+    """PPO's and TD-MPC2's ``iterate`` (collection and updates in one program,
+    two rounds a call): the same on 1 and 4 devices, and N vmapped seeds are N runs."""
     pytest.importorskip("gymnax", reason="the gymnax extra (pip install -e '.[dev]')")
     entry = algos.get(name)
     overrides = jax_env_overrides(entry)

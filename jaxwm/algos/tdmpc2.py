@@ -15,7 +15,7 @@ sequence replay and the loop.
   episode's end masked, ``agents.tdmpc2``).
 
 * ``iterate`` (a JAX env, ``envs.native``): ``iterations_per_call`` rounds of collect and
-  update_model as one compiled program (``acting.Actor.replay_iterations``): planning, env
+  update_model as one compiled program (``HookCompiler.replay_iterations_hook``): planning, env
   steps and updates stay on the device, the host visited once a call.
 
 Phases (``jaxwm/configs/tdmpc2.py``): ``seed`` collects ``seed_steps`` random env steps
@@ -35,7 +35,6 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import struct
 
-from jaxwm import backend
 from jaxwm.agents import tdmpc2
 from jaxwm.algos import NO_ASYNC_POOL, NO_PROCESSES, Entry, continuous_control
 from jaxwm.config import ConfigError, require
@@ -154,32 +153,13 @@ def build(config) -> Algorithm:
 
     hooks = {"collect": Hook(actor.replay_hook(), counts=counts["collect"]),
              "update_model": compiler.hook(update_model, counts=counts["update_model"])}
-    if actor.env_step.in_state:
-        hooks["iterate"] = iterate_hook(config, actor, update_model, compiler)
+    if actor.env_step.in_state:  # collect and update_model as one program, k rounds a call
+        hooks["iterate"] = compiler.replay_iterations_hook(
+            actor, update_model, config.iterations_per_call, counts["iterate"])
     return Algorithm(
         name="TD-MPC2", init=init, hooks=hooks, phase_hooks=phase_hooks(config),
         policy=policy, world_model=agent.latent,
         world_model_params=lambda state: state.learner.params, close=actor.close)
-
-
-def iterate_hook(config, actor, update_model, compiler) -> Hook:
-    """With a JAX env: ``iterate``, ``iterations_per_call`` rounds of a collect (MPPI
-    planning in the rollout) and its updates as one compiled program donating the state
-    (``acting.Actor.replay_iterations``)."""
-    update_seeds = compiler.vmap(update_model)
-
-    def update(state, key):  # the learner and replay per seed; the pool's actor aside
-        learned, _, metrics = update_seeds(state.replace(actor=None), {}, key)
-        return learned.replace(actor=state.actor), metrics
-
-    iterate = actor.replay_iterations(update, config.iterations_per_call)
-
-    def hook(state, data, key):
-        del data
-        state, metrics = iterate(state, key)
-        return state, {}, metrics
-
-    return Hook(backend.jit(hook, donate_argnums=0), counts=hook_counts(config)["iterate"])
 
 
 ENTRY = Entry(name="tdmpc2", build=build, validate=validate, hook_counts=hook_counts,

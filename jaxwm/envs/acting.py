@@ -600,38 +600,41 @@ class Actor:
 
         return collect
 
-    def replay_iterations(self, update: Callable, iterations: int,
+    def replay_iterations(self, update: Callable, iterations: int, collects: int = 1,
                           params_of: Callable = lambda state: state.learner) -> Callable:
         """With a JAX env (``EnvStep.in_state``), off-policy collection and learning as one
         program: ``iterate(state, key) -> (state, metrics)`` runs ``iterations`` rounds, each
-        ``collect_into``'s rollout into ``state.replay`` (policy ``params_of(state)``, the env
-        in ``state.actor``) then ``update(state, key) -> (state, metrics)``, as one
-        ``lax.scan`` (PPO's ``make_iterations`` for learners with a replay). Keys: ``key``
-        split into one per round (per group where it has a group axis), each into the
-        collect's and the update's. Metrics: the rounds' episodes merged
-        (``stats.merge_episode_metrics``), ``replay/size`` the last round's, the rest
-        averaged over the rounds."""
+        ``collects`` of ``collect_into``'s rollouts into ``state.replay`` (policy
+        ``params_of(state)``, the env in ``state.actor``) then ``update(state, key) ->
+        (state, metrics)``, as one ``lax.scan`` (PPO's ``make_iterations`` for learners with
+        a replay). Keys: ``key`` split into one per round (per group where it has a group
+        axis), each into the collects' and the update's. Metrics: the episodes of every
+        collect merged (``stats.merge_episode_metrics``), ``replay/size`` the last one's, the
+        rest averaged."""
         if not self.env_step.in_state:
             raise ValueError("replay_iterations needs an env written in JAX, whose state "
                              "travels in the ActorState; a host-stepped pool acts per call.")
 
-        def one(state, key):
-            collect_key, update_key = step_keys(key, 2)
+        def collect(state, key):
             random = state.replay.added < self.warmup_transitions
             params = (random, params_of(state)) if self.warmup_transitions else params_of(state)
-            _, (actor, (rows, metrics)) = self.collect_function(params, state.actor, None,
-                                                                collect_key)
+            _, (actor, (rows, metrics)) = self.collect_function(params, state.actor, None, key)
             replay, size = self._add_function(state.replay, rows)
-            state, update_metrics = update(state.replace(actor=actor, replay=replay),
-                                           update_key)
-            return state, {**metrics, "replay/size": size,
-                           "charts/random_actions": random.astype(jnp.float32),
-                           **update_metrics}
+            return state.replace(actor=actor, replay=replay), {
+                **metrics, "replay/size": size,
+                "charts/random_actions": random.astype(jnp.float32)}
+
+        def one(state, key):
+            keys = step_keys(key, collects + 1)
+            state, metrics = jax.lax.scan(collect, state, keys[:collects])
+            state, update_metrics = update(state, keys[collects])
+            return state, {**metrics, **jax.tree.map(
+                lambda x: jnp.broadcast_to(x, (collects,) + x.shape), update_metrics)}
 
         def iterate(state, key):
             state, metrics = jax.lax.scan(one, state, step_keys(key, iterations))
-            return state, {**merge_episode_metrics(metrics),
-                           "replay/size": metrics["replay/size"][-1]}
+            flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), metrics)
+            return state, {**merge_episode_metrics(flat), "replay/size": flat["replay/size"][-1]}
 
         return iterate
 

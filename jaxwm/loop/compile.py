@@ -22,6 +22,7 @@ import jax
 from jax.sharding import Mesh
 
 from jaxwm import backend, parallel
+from jaxwm.envs import acting
 from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import Hook, drop_actors, restore_actors
 from jaxwm.media import Histogram, Image, Video
@@ -109,3 +110,30 @@ class HookCompiler:
             return restore_actors(state, new), outputs, metrics
 
         return Hook(hook, counts=dict(counts or {}), reads=tuple(reads), writes=tuple(writes))
+
+    def replay_iterations_hook(self, actor, fn: Callable, iterations: int,
+                               counts: Mapping[str, int], collects: int = 1, updates: int = 1,
+                               params_of: Callable = lambda state: state.learner) -> Hook:
+        """With a JAX env: the hook of ``iterations`` rounds, each ``collects`` rollouts of
+        ``actor`` into the state's replay then ``updates`` calls of the per-seed update
+        ``fn(state, data, key)`` (vmapped over seeds, the pool's actor states left out of it),
+        as one compiled program donating the state (``acting.Actor.replay_iterations``)."""
+        update_seeds = self.vmap(fn)
+
+        def update(state, key):
+            def once(learning, k):
+                learned, _, metrics = update_seeds(learning, {}, k)
+                return learned, metrics
+
+            learned, metrics = jax.lax.scan(once, drop_actors(state),
+                                            acting.step_keys(key, updates))
+            return restore_actors(state, learned), jax.tree.map(lambda x: x.mean(0), metrics)
+
+        iterate = actor.replay_iterations(update, iterations, collects, params_of)
+
+        def hook(state, data, key):
+            del data
+            state, metrics = iterate(state, key)
+            return state, {}, first_seed_media(metrics) if self.num_seeds > 1 else metrics
+
+        return Hook(backend.jit(hook, donate_argnums=0), counts=dict(counts))
