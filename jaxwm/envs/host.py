@@ -25,10 +25,9 @@ discount 1 (``truncated``). The reward is Crafter's: +1 per achievement unlocked
 first time in the episode, and +-0.1 per unit of health gained or lost. An episode's outcomes
 (``StepResult.outcomes``) are its 22 achievements, 1 where it unlocked one (Crafter's
 ``info["achievements"]`` counts at its last step), the success rates of Crafter's score.
-Crafter 1.8.3 is not
-bit-reproducible from its seed: every 10 steps it balances creatures per chunk by iterating a
-``set`` of objects, whose order follows memory addresses, so two worlds with one seed can
-differ in a few creatures.
+Crafter 1.8.3 is not bit-reproducible from its seed: every 10 steps it balances creatures per
+chunk by iterating a ``set`` of objects, whose order follows memory addresses, so two worlds
+with one seed can differ in a few creatures.
 """
 
 from __future__ import annotations

@@ -94,7 +94,6 @@ def per_episode(name: str) -> bool:
         name.startswith(tuple(f"charts/{kind}/" for kind in OUTCOME_KINDS))
 
 
-
 def merge_episode_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
     """Metrics of several windows stacked on a leading axis (iterations of one compiled
     call) as one window's: ``episode_metrics``' means weighted by each window's episodes
