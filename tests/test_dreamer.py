@@ -74,6 +74,22 @@ def test_bad_input_is_refused_before_compiling(override, message):
         validate(config)
 
 
+def test_on_a_jax_env_the_train_phase_is_one_program_of_whole_calls():
+    """gymnax: ``collect:1, update_model:1`` twice a call as ``iterate``; a call that would
+    run past total_env_steps, or CMA-ES's generations inside one, is refused."""
+    pytest.importorskip("gymnax", reason="the gymnax extra (pip install -e '.[dev]')")
+    on_jax = {"env.id": "gymnax:CartPole-v1", "iterations_per_call": 2}
+    config = load("dreamer:tiny", on_jax)
+    assert dreamer.phase_hooks(config) == {"train": ("iterate",)}
+    assert dreamer.hook_counts(config)["iterate"] == {"env_steps": 4, "model_updates": 2}
+    validate(config)
+    with pytest.raises(ConfigError, match="The train phase's 24 env steps .* not a multiple "
+                                          "of the 10 of one call"):
+        validate(load("dreamer:tiny", {**on_jax, "iterations_per_call": 5}))
+    with pytest.raises(ConfigError, match="CMA-ES's generations"):
+        validate(load("pairing:tiny_rssm_cmaes", on_jax))
+
+
 def test_model_size_on_the_command_line_sets_the_model(tmp_path):
     """The issue's spelling, ``--config.model_size``, and ``--config.dreamer.model_size`` are one
     setting; an unknown size stops the launcher before anything is written."""

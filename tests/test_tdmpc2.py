@@ -452,6 +452,9 @@ def test_model_size_is_one_setting_at_either_path():
     ({"model_size": 3}, "tdmpc2.model_size=3 does not exist; choose one of [1, 5, 19, 48, 317]"),
     ({"tdmpc2.horizon": 0}, "tdmpc2.horizon=0 is a size and must be > 0"),
     ({"tdmpc2.num_pi_trajs": 32}, "must exceed num_pi_trajs=32"),
+    ({"env.id": "gymnax:Pendulum-v1", "iterations_per_call": 3},
+     "The train phase's 32 env steps (total_env_steps - tdmpc2.seed_steps) are not a multiple "
+     "of the 24 of one call (iterations_per_call=3)"),
 ])
 def test_bad_settings_are_one_line_errors_before_anything_compiles(overrides, message):
     config = load("tdmpc2:tiny", overrides)

@@ -21,6 +21,9 @@ Agents (``jaxwm.agents.dreamer``'s learner for the first two):
 * ``cmaes``: a linear controller on the model's features evolved by CMA-ES inside the model
   (``agents.cma_es``, as World Models evolves in its dream), the model trained alone.
 
+``make_agent`` builds the pair a config names: the learner, the policy acting in the real env
+and its parameters, and CMA-ES's ``Search`` where the agent evolves.
+
 ``check`` refuses what cannot work, in one line: an agent that backpropagates through the
 dynamics (the actor-critic with continuous actions) on a model whose steps have no gradient,
 MPPI (which samples in a box) on discrete actions, a model this wiring does not train.
@@ -30,9 +33,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import NamedTuple
 
+from jaxwm.agents import cma_es, dreamer, mppi
 from jaxwm.config import ConfigError
-from jaxwm.models import rssm, tdmpc2
+from jaxwm.models import protocol, rssm, tdmpc2
 
 
 def rssm_model(config, spec) -> rssm.WorldModel:
@@ -135,3 +140,31 @@ def check_spaces(spec) -> None:
 def world_model(config, spec):
     """The configured world model for ``spec`` (a trainable one: ``check`` first)."""
     return WORLD_MODELS[config.components.world_model].build(config, spec)
+
+
+class Search(NamedTuple):
+    """CMA-ES's strategy and the controller it evolves (``components.agent=cmaes``)."""
+    evolution: cma_es.Evolution
+    controller: cma_es.Controller
+
+
+def make_agent(config, spec):
+    """The learner (world model and, unless CMA-ES, its actor-critic), the policy acting in
+    the real env, its parameters in a state, and CMA-ES's ``Search`` (else ``None``)."""
+    kind = config.components.agent
+    agent = dreamer.make(spec, config.dreamer, world_model(config, spec),
+                         learns_in_imagination=AGENTS[kind].learns_in_imagination)
+    if kind == "imagination":
+        return agent, agent.policy(), lambda state: state.learner, None
+    if kind == "mppi":
+        hyper = mppi.MPPIHyper(**dict(config.mppi))
+        return agent, agent.planner(hyper), lambda state: state.learner, None
+    c = config.cmaes
+    controller = cma_es.Controller(agent.feat_dim, agent.action_dim)
+    search = Search(cma_es.Evolution(controller.num_params, c.population, c.sigma), controller)
+    policy = protocol.through_model(agent.world_model, lambda params: params["model"],
+                                    cma_es.controller_on_model(controller, agent.world_model),
+                                    agent.env_action)
+    return agent, policy, lambda state: {
+        "model": state.learner.params["model"],
+        "controller": search.evolution.mean(state.evolution)}, search

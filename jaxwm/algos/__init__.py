@@ -86,6 +86,17 @@ def continuous_control(*batch_keys: str, **kwargs) -> Capabilities:
                         **kwargs)
 
 
+def whole_calls(config, train_steps: int, per_call: int, train_steps_are: str):
+    """``require``'s check that a JAX env's train phase of ``train_steps`` env steps (what
+    ``train_steps_are``, in words) is a whole number of ``iterate`` calls of ``per_call``
+    steps: otherwise the last call would run past ``total_env_steps``."""
+    return (not is_native(config.env.id) or train_steps % per_call == 0,
+            f"The train phase's {train_steps:,} env steps ({train_steps_are}) are not a "
+            f"multiple of the {per_call:,} of one call (iterations_per_call="
+            f"{config.iterations_per_call}); the last call would run past total_env_steps. "
+            "Use another iterations_per_call or total_env_steps.")
+
+
 def _no_env_checks(config, spec) -> None:
     del config, spec
 

@@ -17,6 +17,9 @@ DreamerV3's are the RSSM and the imagination actor-critic) to envs, a replay and
   sequences (``agents.cma_es.generation_in_model``); the policy acts at the search's mean.
   With ``mppi`` the actor-critic learns as DreamerV3's and the policy plans in the model
   (``DreamerAgent.planner``).
+* ``iterate`` (a JAX env and an agent that learns, ``one_program``): the train phase's
+  ``collect:M, update_model:K`` ``iterations_per_call`` times in one compiled program
+  (``HookCompiler.replay_iterations_hook``), the host visited once a call.
 
 ``train_ratio`` (replayed steps per env step) is met by the train phase's ``collect:M,
 update_model:K`` (``loop.ratio.TrainRatio``: derived when the config leaves the hooks out,
@@ -29,17 +32,18 @@ ones, produced in [-1, 1], are mapped to the env's box.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxwm.agents import cma_es, components, dreamer, mppi
-from jaxwm.algos import Capabilities, Entry
+from jaxwm.agents import cma_es, components, dreamer
+from jaxwm.algos import NO_ASYNC_POOL, NO_PROCESSES, Capabilities, Entry, whole_calls
 from jaxwm.config import require
 from jaxwm.data.replay import SequenceReplay
 from jaxwm.envs import acting
+from jaxwm.envs.native import is_native
 from jaxwm.envs.stats import episode_metrics
 from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import Algorithm, Hook, drop_actors
@@ -64,8 +68,11 @@ def train_ratio(config) -> TrainRatio:
 
 
 def phase_hooks(config) -> dict[str, tuple[str, ...]]:
-    """The train phase's ``collect:M, update_model:K`` derived from ``dreamer.train_ratio``,
-    for a config that leaves ``phases.train.hooks`` empty (``Algorithm.phase_hooks``)."""
+    """The train phase's ``collect:M, update_model:K`` derived from ``dreamer.train_ratio``
+    (or ``iterate``, ``one_program``), for a config that leaves ``phases.train.hooks`` empty
+    (``Algorithm.phase_hooks``)."""
+    if one_program(config):
+        return {"train": ("iterate",)}
     hooks = train_ratio(config).phase_hooks()
     return {"train": hooks + (("evolve",) if evolves(config) else ())}
 
@@ -75,11 +82,22 @@ def evolves(config) -> bool:
     return components.AGENTS[config.components.agent].evolves
 
 
+def one_program(config) -> bool:
+    """Whether the train phase is ``iterate``: a JAX env and an agent that learns (CMA-ES's
+    generations stay a hook of their own)."""
+    return is_native(config.env.id) and not evolves(config)
+
+
 def validate(config) -> None:
     require(dreamer.config_checks(config.dreamer, config.env.num_envs))
     components.check(config, None)
-    train = config.phases.get("train")
-    train_ratio(config).check(tuple(train.hooks) if train is not None else ())
+    n, per_call = config.iterations_per_call, hook_counts(config).get("iterate", {"env_steps": 1})
+    train_steps = config.total_env_steps - config.dreamer.prefill * config.env.num_envs
+    require([(n == 1 or one_program(config), f"iterations_per_call={n}: CMA-ES's generations "
+              "(components.agent=cmaes) are a hook of their own, between collects; use 1."),
+             whole_calls(config, train_steps, per_call["env_steps"],
+                         "total_env_steps - dreamer.prefill x env.num_envs")])
+    train_ratio(config).check(tuple(getattr(config.phases.get("train"), "hooks", ())))
 
 
 def validate_env(config, spec) -> None:
@@ -92,42 +110,18 @@ def hook_counts(config) -> dict[str, dict[str, int]]:
     ``python -m jaxwm.train --dry_run``'s phase table: one source)."""
     counts = {"collect": {"env_steps": config.env.num_envs * config.dreamer.steps_per_collect},
               "update_model": {"model_updates": 1}}
+    if one_program(config):  # collect:M, update_model:K, iterations_per_call times a call
+        (m, k), n = train_ratio(config).repeats(), config.iterations_per_call
+        counts["iterate"] = {"env_steps": n * m * counts["collect"]["env_steps"],
+                             "model_updates": n * k}
     return {**counts, "evolve": {"generations": 1}} if evolves(config) else counts
-
-
-class Search(NamedTuple):
-    """CMA-ES's strategy and the controller it evolves (``components.agent=cmaes``)."""
-    evolution: cma_es.Evolution
-    controller: cma_es.Controller
-
-
-def make_agent(config, spec):
-    """The learner (world model and, unless CMA-ES, its actor-critic), the policy acting in
-    the real env, its parameters in a state, and CMA-ES's ``Search`` (else ``None``)."""
-    kind = config.components.agent
-    agent = dreamer.make(spec, config.dreamer, components.world_model(config, spec),
-                         learns_in_imagination=components.AGENTS[kind].learns_in_imagination)
-    if kind == "imagination":
-        return agent, agent.policy(), lambda state: state.learner, None
-    if kind == "mppi":
-        hyper = mppi.MPPIHyper(**dict(config.mppi))
-        return agent, agent.planner(hyper), lambda state: state.learner, None
-    c = config.cmaes
-    controller = cma_es.Controller(agent.feat_dim, agent.action_dim)
-    search = Search(cma_es.Evolution(controller.num_params, c.population, c.sigma), controller)
-    policy = protocol.through_model(agent.world_model, lambda params: params["model"],
-                                    cma_es.controller_on_model(controller, agent.world_model),
-                                    agent.env_action)
-    return agent, policy, lambda state: {
-        "model": state.learner.params["model"],
-        "controller": search.evolution.mean(state.evolution)}, search
 
 
 def build(config) -> Algorithm:
     d, num_envs = config.dreamer, config.env.num_envs  # envs per seed
     env = acting.make_pool(config)
     spec = env.spec
-    agent, policy, policy_params, search = make_agent(config, spec)
+    agent, policy, policy_params, search = components.make_agent(config, spec)
     # Data parallel as online SAC: acting runs on the process's first device; parameters,
     # optimiser and replay are replicated over the mesh, and each update's sequences are
     # split over its ``data`` axis.
@@ -163,9 +157,8 @@ def build(config) -> Algorithm:
         state = compiler.init(init_one)(key)
         return state.replace(actor=actor.init(policy_params(state)))
 
-    hooks = {"collect": Hook(actor.replay_hook(policy_params),
-                             counts=hook_counts(config)["collect"]),
-             "update_model": update_model_hook(config, agent, compiler)}
+    hooks = {"collect": Hook(actor.replay_hook(policy_params), counts=hook_counts(config)["collect"]),
+             **update_hooks(config, agent, compiler, actor, policy_params)}
     if search is not None:
         hooks["evolve"] = evolve_hook(config, agent, search, compiler)
     return Algorithm(name="DreamerV3" if config.algo == "dreamer" else
@@ -176,10 +169,9 @@ def build(config) -> Algorithm:
                      phase_hooks=phase_hooks(config), close=actor.close)
 
 
-def update_model_hook(config, agent, compiler) -> Hook:
-    """One training step of the learner on a replayed batch (the world model, and the
-    actor-critic in its imagination), and every ``report_every`` updates its open-loop
-    predictions."""
+def update_hooks(config, agent, compiler, actor, policy_params) -> dict[str, Hook]:
+    """``update_model`` and, on a JAX env, ``iterate`` (the module's docstring); either
+    reports the model's open-loop predictions every ``report_every`` updates."""
     d, num_envs = config.dreamer, config.env.num_envs
     update = agent.make_update(compiler.mesh)
 
@@ -197,27 +189,35 @@ def update_model_hook(config, agent, compiler) -> Hook:
         k_batch, k_model = jax.random.split(key)
         batch = state.replay.sample(k_batch, d.report_batch, d.report_length)
         return state, {}, agent.report(state.learner.params, batch, d.report_context, k_model)
-
-    train_hook = compiler.hook(train, counts=hook_counts(config)["update_model"])
     _report = compiler.step(report, donate=False)
-    updates_seen = {"count": None}  # host copy of state.updates: read once, then counted
 
-    def hook(state, data, key):
-        state, outputs, metrics = train_hook.fn(state, data, key)
-        if d.report_every > 0:
-            if updates_seen["count"] is None:  # first call (or first after a resume)
-                updates_seen["count"] = int(jnp.ravel(state.updates)[0])
-            else:
-                updates_seen["count"] += 1
-            if updates_seen["count"] % d.report_every == 0:
-                _, _, report_metrics = _report(drop_actors(state), {}, seeds.fold_in(key, 1))
-                metrics = {**metrics, **report_metrics}
-        return state, outputs, metrics
+    def reporting(hook: Hook) -> Hook:
+        per_call = hook.counts["model_updates"]
+        seen = {"count": None}  # host copy of state.updates: read once, then counted
 
-    return dataclasses.replace(train_hook, fn=hook)
+        def fn(state, data, key):
+            state, outputs, metrics = hook.fn(state, data, key)
+            if d.report_every > 0:
+                now = seen["count"] = (int(jnp.ravel(state.updates)[0]) if seen["count"] is None
+                                       else seen["count"] + per_call)  # read on a first call
+                if now // d.report_every > (now - per_call) // d.report_every:
+                    _, _, report_metrics = _report(drop_actors(state), {}, seeds.fold_in(key, 1))
+                    metrics = {**metrics, **report_metrics}
+            return state, outputs, metrics
+
+        return dataclasses.replace(hook, fn=fn)
+
+    counts = hook_counts(config)
+    hooks = {"update_model": reporting(compiler.hook(train, counts=counts["update_model"]))}
+    if "iterate" in counts and actor.env_step.in_state:
+        m, k = train_ratio(config).repeats()
+        hooks["iterate"] = reporting(compiler.replay_iterations_hook(
+            actor, train, config.iterations_per_call, counts["iterate"], collects=m,
+            updates=k, params_of=policy_params))
+    return hooks
 
 
-def evolve_hook(config, agent, search: Search, compiler) -> Hook:
+def evolve_hook(config, agent, search: components.Search, compiler) -> Hook:
     """One CMA-ES generation in the world model, from states of replayed sequences."""
     c, model = config.cmaes, agent.world_model
     generation = cma_es.generation_in_model(search.evolution, search.controller, model,
@@ -231,15 +231,16 @@ def evolve_hook(config, agent, search: Search, compiler) -> Hook:
         es, metrics = generation(state.evolution, params, starts, k_env, k_run)
         return state.replace(evolution=es), {}, metrics
 
-    # Frees what CMA-ES's eigendecomposition could not update in place.
-    return compiler.hook(evolve, counts=hook_counts(config)["evolve"], frees_donated=True)
+    return compiler.hook(evolve, counts=hook_counts(config)["evolve"],
+                         frees_donated=True)  # what CMA-ES's eigh could not update in place
 
 
 ENTRY = Entry(
     name="dreamer", build=build, validate=validate, hook_counts=hook_counts,
     validate_env=validate_env, phase_hooks=phase_hooks, tiny="dreamer:tiny",
-    capabilities=Capabilities(
-        device_batches=lambda c: {"dreamer.batch_size": c.dreamer.batch_size}),
+    capabilities=Capabilities(  # iterations_per_call: on JAX envs (one_program)
+        device_batches=lambda c: {"dreamer.batch_size": c.dreamer.batch_size},
+        cannot={"processes": NO_PROCESSES, "async_pool": NO_ASYNC_POOL}),
     resumable=("dreamer.learning_rate", "dreamer.agc"),
     zero_means={"dreamer.report_every": "never", "dreamer.warmup": "no warm-up"})
 # The pairings of pairing: the same wiring, other components.

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxwm.agents import tdmpc2
-from jaxwm.algos import NO_ASYNC_POOL, NO_PROCESSES, Entry, continuous_control
+from jaxwm.algos import NO_ASYNC_POOL, NO_PROCESSES, Entry, continuous_control, whole_calls
 from jaxwm.config import ConfigError, require
 from jaxwm.data.replay import SequenceReplay
 from jaxwm.envs import acting
@@ -82,11 +82,7 @@ def validate(config) -> None:
     ])
     per_call = config.env.num_envs * t.steps_per_collect * config.iterations_per_call
     train_steps = config.total_env_steps - t.seed_steps
-    require([(not is_native(config.env.id) or train_steps % per_call == 0,
-              f"The train phase's {train_steps:,} env steps (total_env_steps - "
-              f"tdmpc2.seed_steps) are not a multiple of the {per_call:,} of one call "
-              f"(iterations_per_call={config.iterations_per_call}); the last call would run "
-              f"past total_env_steps. Use another iterations_per_call or total_env_steps.")])
+    require([whole_calls(config, train_steps, per_call, "total_env_steps - tdmpc2.seed_steps")])
 
 
 def validate_env(config, spec) -> None:
