@@ -19,7 +19,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
 SCRIPTS = ("ab", "backbones", "conv_grad", "diffusion", "dreamer", "model_table", "offline",
-           "ppo_throughput", "seeds", "simple", "tdmpc2", "worldmodels", "jax_envs")
+           "ppo_throughput", "seeds", "simple", "tdmpc2", "worldmodels", "jax_envs",
+           "offpolicy_jax_envs")
 
 
 @pytest.fixture(scope="module")
