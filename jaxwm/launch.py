@@ -6,7 +6,9 @@ coordinator variables set (``JAX_COORDINATOR_ADDRESS`` on a free local port,
 joins them into one job: each process steps its own slice of the envs and the update's
 all-reduce spans every process's devices. Process 0 writes the logs, progress bar and run
 files; the others print only errors. If one process fails, the others are stopped and its
-exit status is returned.
+exit status is returned. SIGINT or SIGTERM to the launcher reaches every process, which save
+a checkpoint together and exit with ``jaxwm.train.EXIT_INTERRUPTED`` (75), as the launcher
+then does.
 
     python -m jaxwm.launch --num_processes=2 -- --config=ppo:cartpole --workdir=runs/mp
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -55,19 +58,24 @@ def spawn(python_args: list[str], num_processes: int, devices_per_process: int =
             for i in range(num_processes)]
 
 
+# jaxwm.train's status for a run a signal stopped after saving (not imported: the launcher
+# starts before, and apart from, JAX).
+EXIT_INTERRUPTED = 75
+
+
 def wait(processes: list[subprocess.Popen]) -> int:
     """Waits for every process; stops the rest as soon as one fails. The first failure's exit
-    status (or 0)."""
+    status, else ``EXIT_INTERRUPTED`` if a signal stopped them (each saved), else 0."""
     while True:
         codes = [p.poll() for p in processes]
-        failed = [c for c in codes if c not in (None, 0)]
+        failed = [c for c in codes if c not in (None, 0, EXIT_INTERRUPTED)]
         if failed:
             for p in processes:
                 if p.poll() is None:
                     p.kill()
             return failed[0]
-        if all(c == 0 for c in codes):
-            return 0
+        if all(c in (0, EXIT_INTERRUPTED) for c in codes):
+            return EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else 0
         time.sleep(0.2)
 
 
@@ -87,10 +95,17 @@ def main(argv: list[str] | None = None, prog: str = "python -m jaxwm.launch") ->
                           args.devices_per_process)
     except ValueError as e:
         parser.error(str(e))
+    def forward(signum, frame):  # a scheduler's SIGTERM reaches the launcher alone
+        del frame
+        for p in processes:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
     try:
         return wait(processes)
     except KeyboardInterrupt:  # the processes got the same SIGINT: let them save and exit
-        return max(p.wait() for p in processes)
+        return wait(processes)
 
 
 if __name__ == "__main__":

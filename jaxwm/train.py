@@ -2,6 +2,11 @@
 
 Builds the env, the algorithm and the loop from the config, and nothing else. Bad flags and
 invalid configs are reported in one line, before anything compiles or is written.
+
+Exit status: 0 when the run finished, ``EXIT_INTERRUPTED`` (75, sysexits' ``EX_TEMPFAIL``:
+try again later) when SIGINT or SIGTERM stopped it after its checkpoint was saved, so that a
+scheduler can requeue it with ``--config.resume=True`` (``examples/slurm.sbatch``), 1 for a
+run that failed (a bad config, an incompatible checkpoint, NaN), 2 for bad flags.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from jaxwm.loop.checkpoint import IncompatibleCheckpointError, WriteError
 # make_dataset) imports jaxwm.runner, never this module, whose flags exist once per process.
 from jaxwm.runner import default_workdir, dry_run, validate  # noqa: F401
 from jaxwm.tools.make_dataset import make_missing_inputs
+
+EXIT_INTERRUPTED = 75  # stopped by a signal, checkpoint saved: resume with --config.resume=True
 
 USAGE = """usage: jaxwm train --config=ALGO:VARIANT [--config.KEY=VALUE ...] [--workdir=DIR]
                    [--dry_run]
@@ -161,8 +168,9 @@ def main(argv=None) -> int:
             FloatingPointError) as e:
         print(f"jaxwm train: {e}", file=sys.stderr)
         return 1
+    status = EXIT_INTERRUPTED if summary["interrupted"] else 0
     if not parallel.is_primary():
-        return 0
+        return status
     ret = summary.get("eval/episodic_return")
     done = ", ".join(f"{n:,} {unit.replace('_', ' ')}" for unit, n in summary["counters"].items()
                      if unit != "iterations")
@@ -172,7 +180,7 @@ def main(argv=None) -> int:
           + (f"; final eval return {ret:.1f}" if ret is not None else "")
           + (f" (seeds: {', '.join(f'{r:.1f}' for r in per_seed)})" if len(per_seed) > 1 else "")
           + (" (interrupted; resume with --config.resume=True)" if summary["interrupted"] else ""))
-    return 0
+    return status
 
 
 class _CallableModule(types.ModuleType):

@@ -37,6 +37,18 @@ def _launch(python_args, num_processes, devices_per_process=0, timeout=600):
     return [p.returncode for p in processes], outputs
 
 
+@pytest.mark.parametrize("codes, expected", [
+    ((0, 0), 0), ((75, 75), 75), ((0, 75), 75),  # 75: a signal stopped them, each saved
+    ((3, None), 3),  # a failure stops the process still running
+])
+def test_the_launcher_returns_a_failure_else_interrupted_else_success(codes, expected):
+    processes = launch.spawn(["-c", f"import sys, time; code = {codes!r}[int(__import__('os')"
+                              ".environ['JAX_PROCESS_ID'])]; code is None and time.sleep(60); "
+                              "sys.exit(code)"], len(codes))
+    assert launch.wait(processes) == expected
+    assert all(p.poll() is not None for p in processes)
+
+
 def test_joining_a_job_initialises_the_distributed_runtime_before_the_backend():
     codes, outputs = _launch(["-c", JOIN_SCRIPT.format(root=ROOT)], 1)
     assert codes == [0], outputs[0][1][-2000:]
@@ -151,6 +163,36 @@ def test_two_process_run_logs_once_resumes_and_refuses_another_process_count(tmp
         capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 1
     assert "saved by a run of 2 process(es); this one has 1" in proc.stderr
+
+
+@pytest.mark.slow  # ~1 min: two processes start, train, stop on SIGTERM, resume
+def test_sigterm_to_the_launcher_saves_every_process_and_exits_for_a_requeue(tmp_path):
+    import signal
+    import time
+
+    workdir = tmp_path / "run"
+    train_args = ["--config=ppo:cartpole", f"--workdir={workdir}",
+                  "--config.total_env_steps=50000000", "--config.log.every=2048 env_steps",
+                  "--config.log.progress=False"]
+    launcher = subprocess.Popen([sys.executable, "-m", "jaxwm.launch", "--num_processes=2",
+                                 "--devices_per_process=2", "--", *train_args], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    metrics = workdir / "metrics.jsonl"
+    while not (metrics.exists() and metrics.stat().st_size) and time.time() < deadline:
+        time.sleep(0.5)
+    launcher.send_signal(signal.SIGTERM)  # as a scheduler's preemption: the launcher alone
+    output, _ = launcher.communicate(timeout=300)
+    assert launcher.returncode == 75, output[-3000:]
+    assert "SIGTERM received" in output
+    saved = int(sorted(os.listdir(workdir / "checkpoints"), key=int)[-1])
+    env_steps = saved // 2 * 512  # collect and update a PPO iteration of 4 envs x 128 steps
+    codes, outputs = _train(workdir, 2, f"--config.total_env_steps={env_steps + 1024}",
+                            "--config.ppo.anneal_env_steps=50000000", "--config.resume=True",
+                            "--config.eval.num_episodes=2", "--config.eval.num_envs=2")
+    assert codes == [0, 0], outputs[0][1][-3000:]
+    assert f"at step {saved}" in outputs[0][0] + outputs[0][1]
+    assert f"Finished {env_steps + 1024:,} env steps" in outputs[0][0]
 
 
 def test_env_count_that_does_not_split_over_processes_is_refused(tmp_path):
