@@ -50,18 +50,13 @@ def dry_run(config, workdir: str) -> str:
     the phase table (hooks per cycle, cycles, and what each phase adds to every counter),
     with the run directory and any input that would be made first. Builds nothing, compiles
     nothing and touches nothing on disk (one env is made in memory to read its spaces)."""
-    from jaxwm.loop.algorithm import EVALUATE
-    from jaxwm.loop.phases import phases_from_config, plan
+    from jaxwm.loop.phases import check_hook_names, phases_from_config, plan
 
     spec = validate(config)
     entry = algos.get(config.algo)
     phases = phases_from_config(config, entry.phase_hooks(config))
     counts = entry.hook_counts(config)
-    for phase in phases:
-        for name, _ in phase.hooks:
-            if name != EVALUATE and name not in counts:
-                raise ConfigError(f"phases.{phase.name}.hooks: {config.algo} has no hook "
-                                  f"{name!r}; its hooks are {', '.join(counts)} (and evaluate).")
+    check_hook_names(phases, counts, config.algo)
     rows = plan(phases, counts)
     counters = sorted({k for row in rows for k in row["counts"] if k != "iterations"})
     header = ["phase", "hooks per cycle", "duration", "cycles", *counters]

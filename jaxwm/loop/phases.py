@@ -128,19 +128,28 @@ def _unknown(what: str, value: str, known) -> str:
     return f"{what} {value!r} is unknown; choose one of {sorted(known)}.{hint}"
 
 
-def check_phases(phases: list[Phase], algorithm: Algorithm, can_evaluate: bool) -> None:
+def check_hook_names(phases: list[Phase], hooks, algo: str) -> None:
+    """Every phase's hooks are among ``hooks`` (or ``evaluate``): the one message for a
+    typo'd hook, from a run (``check_phases``) and from ``--dry_run`` alike."""
+    known = set(hooks) | {EVALUATE}
+    for phase in phases:
+        for name, _ in phase.hooks:
+            if name not in known:
+                raise ConfigError(f"phases.{phase.name}.hooks: "
+                                  + _unknown(f"{algo} hook", name, known))
+
+
+def check_phases(phases: list[Phase], algorithm: Algorithm, can_evaluate: bool,
+                 algo: str | None = None) -> None:
     """Every check that needs the algorithm, on the host before anything compiles: hook
-    names, units, a unit none of the phase's hooks advance, inputs nothing provides, and
-    predicates."""
+    names (``algo``: the config's name for the algorithm, in the message), units, a unit
+    none of the phase's hooks advance, inputs nothing provides, and predicates."""
     hooks = algorithm.hooks
-    known_hooks = set(hooks) | {EVALUATE}
+    check_hook_names(phases, hooks, algo or algorithm.name)
     units = set(algorithm.counters) | {ITERATIONS}
     for phase in phases:
         where = f"phases.{phase.name}"
         for name, _ in phase.hooks:
-            if name not in known_hooks:
-                raise ConfigError(f"{where}.hooks: " + _unknown(f"{algorithm.name} hook", name,
-                                                                known_hooks))
             if name == EVALUATE and not can_evaluate:
                 raise ConfigError(f"{where} asks for '{EVALUATE}' but {algorithm.name} has no "
                                   "policy to evaluate.")

@@ -290,7 +290,8 @@ class Trainer:
         self.workdir = workdir
         self.evaluator = evaluator
         phases = phases_from_config(config, algorithm.phase_hooks)
-        check_phases(phases, algorithm, can_evaluate=evaluator is not None)
+        check_phases(phases, algorithm, can_evaluate=evaluator is not None,
+                     algo=config.get("algo"))
         self.clocks = {"log": Clock.parse(config.log.every, "log.every"),
                        "checkpoint": Clock.parse(config.checkpoint.every, "checkpoint.every")}
         if evaluator is not None:  # an algorithm without a policy needs no eval clock
