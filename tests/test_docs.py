@@ -158,3 +158,17 @@ def test_every_config_variant_named_in_the_docs_exists():
             if name in names and variant not in configs.variants(name):
                 unknown.append(f"{path}: {name}:{variant}")
     assert not unknown, unknown
+
+
+def test_the_architecture_page_lists_every_module_and_package():
+    """docs/architecture.md's layer list names each top-level module and package of jaxwm,
+    and nothing that is not one."""
+    text = open(os.path.join(ROOT, "docs", "architecture.md")).read()
+    layers = text.split("## Layers", 1)[1].split("```")[1]
+    listed = set(re.findall(r"^jaxwm/(\w+)(?:\.py|/)", layers, flags=re.MULTILINE))
+    package = os.path.join(ROOT, "jaxwm")
+    actual = {name.removesuffix(".py") for name in os.listdir(package)
+              if (name.endswith(".py") and name != "__init__.py")
+              or os.path.isfile(os.path.join(package, name, "__init__.py"))}
+    assert listed == actual, (f"missing: {sorted(actual - listed)}, "
+                              f"not in jaxwm: {sorted(listed - actual)}")
