@@ -57,3 +57,22 @@ def test_the_slurm_recipe_starts_then_resumes_and_requeues_only_an_interrupted_r
 
     result, _, scontrol = run_sbatch_script(tmp_path / "failed", 1, "1200")
     assert result.returncode == 1 and scontrol is None
+
+
+@pytest.mark.slow  # ~1 min: two processes join, train and finish
+def test_the_multinode_recipe_joins_its_machines_into_one_run(tmp_path):
+    """examples/multinode.sh, both ranks on this machine at a local address."""
+    from jaxwm import launch
+
+    address, workdir = f"127.0.0.1:{launch.free_port()}", tmp_path / "run"
+    ranks = [subprocess.Popen(["bash", os.path.join(EXAMPLES, "multinode.sh"), str(rank), "2",
+                               address, "ppo:cartpole", str(workdir),
+                               "--config.total_env_steps=2048",
+                               "--config.ppo.anneal_env_steps=200192",
+                               "--config.eval.num_episodes=2", "--config.eval.num_envs=2",
+                               "--config.log.progress=False"], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in (0, 1)]
+    outputs = [p.communicate(timeout=600)[0] for p in ranks]
+    assert [p.returncode for p in ranks] == [0, 0], outputs[0][-3000:]
+    assert "Finished 2,048 env steps" in outputs[0] and "Finished" not in outputs[1]
