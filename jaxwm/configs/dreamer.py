@@ -16,9 +16,11 @@ set. ``dmc_proprio``: size1m, 16 envs, train_ratio 1024, 1.1M steps, no action r
 train_ratio 256, 1.1M steps, no action repeat.
 ``crafter``: 1 env, train_ratio 512, 1.1M steps; ``craftax_classic``: the same on
 Craftax-Classic's symbolic observations in JAX, 1M steps (``craftax_classic_pixels``: its
-63x63 frames, resized to 64x64 in the env). Model size: ``--config.model_size``
-(or ``--config.dreamer.model_size``, the same setting): 1m, 12m, 25m, 50m, 100m, 200m,
-400m; jaxwm's default is 12m, the official one 200m, which needs a large accelerator.
+63x63 frames, resized to 64x64 in the env); ``craftax_cpu``: ``cartpole``'s settings on
+Craftax-Classic's symbolic observations, 100k steps (a CPU learning check). Model size:
+``--config.model_size`` (or ``--config.dreamer.model_size``, the same setting): 1m, 12m, 25m,
+50m, 100m, 200m, 400m; jaxwm's default is 12m, the official one 200m, which needs a large
+accelerator.
 
 Differences, on purpose: ``prefill`` steps of random actions before the first update (the
 official agent acts with its untrained actor from the start and trains as soon as a batch
@@ -53,6 +55,7 @@ SUMMARIES = {
     "crafter": "Crafter: 1 env, train ratio 512",
     "craftax_classic": "Craftax-Classic symbolic (JAX): crafter's settings, 1M steps",
     "craftax_classic_pixels": "Craftax-Classic pixels (JAX), resized 63 -> 64: as craftax_classic",
+    "craftax_cpu": "Craftax-Classic symbolic on a CPU: cartpole's settings, 100k steps (~35 min)",
     "tiny": "The contract suite's: debug's sizes in a few seconds",
 }
 VARIANTS = tuple(SUMMARIES)
@@ -112,19 +115,25 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
         c.eval.every = "never"
         c.eval.num_envs = 2
         c.eval.num_episodes = 2
-    elif variant == "cartpole":
+    elif variant in ("cartpole", "craftax_cpu"):
         # The learning test: size1m on vector observations within 50k env steps on a CPU.
         # Not the official settings, to fit ~3k updates: lr 3e-4 with a 100-update warm-up
         # (the official 4e-5 had not learned rewards in 420 updates), sequences of 32 and
         # train_ratio 32 (one update of 16 x 32 per 16 env steps), and a horizon of 100
         # steps (gamma 0.99, official 333, with which the critic was still rising at 50k
-        # steps). The runs: benchmarks/results/learning_cpu.md.
-        c.env.id = "CartPole-v1"
+        # steps). The runs: benchmarks/results/learning_cpu.md. craftax_cpu: the same on
+        # Craftax-Classic's symbolic observations (in JAX) for 100k steps, a CPU learning
+        # check in about 35 min of 2 cores; its runs: the same file.
+        crafts = variant == "craftax_cpu"
+        c.env.id = "craftax:Craftax-Classic-Symbolic-v1" if crafts else "CartPole-v1"
         c.env.num_envs = 4
-        c.total_env_steps = 50_000
+        c.total_env_steps = 100_000 if crafts else 50_000
         c.dreamer = config_block(model_size="1m", train_ratio=32.0, batch_length=32,
-                                  learning_rate=3e-4, warmup=100, capacity=80_000,
-                                  steps_per_collect=4, gamma=0.99)
+                                  learning_rate=3e-4, warmup=100, capacity=100_000 if crafts
+                                  else 80_000, steps_per_collect=4, gamma=0.99)
+        if crafts:
+            c.eval.every = "50000 env_steps"
+            c.eval.num_episodes = c.eval.num_envs = 16
     elif variant == "atari100k":
         c.env.id = "Pong-v5"
         c.env.update(img_height=64, img_width=64, gray_scale=False, frame_stack=1,
