@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m jaxwm.launch") ->
                           args.devices_per_process)
     except ValueError as e:
         parser.error(str(e))
+
     def forward(signum, frame):  # a scheduler's SIGTERM reaches the launcher alone
         del frame
         for p in processes:

@@ -42,6 +42,9 @@ def _launch(python_args, num_processes, devices_per_process=0, timeout=600):
     ((3, None), 3),  # a failure stops the process still running
 ])
 def test_the_launcher_returns_a_failure_else_interrupted_else_success(codes, expected):
+    from jaxwm import train
+
+    assert launch.EXIT_INTERRUPTED == train.EXIT_INTERRUPTED == 75  # the status documented
     processes = launch.spawn(["-c", f"import sys, time; code = {codes!r}[int(__import__('os')"
                               ".environ['JAX_PROCESS_ID'])]; code is None and time.sleep(60); "
                               "sys.exit(code)"], len(codes))
