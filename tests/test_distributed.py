@@ -49,7 +49,7 @@ def test_the_launcher_returns_a_failure_else_interrupted_else_success(codes, exp
                               ".environ['JAX_PROCESS_ID'])]; code is None and time.sleep(60); "
                               "sys.exit(code)"], len(codes))
     assert launch.wait(processes) == expected
-    assert all(p.poll() is not None for p in processes)
+    assert all(p.wait(timeout=10) is not None for p in processes)  # the sleeper was killed
 
 
 def test_joining_a_job_initialises_the_distributed_runtime_before_the_backend():
