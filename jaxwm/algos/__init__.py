@@ -86,11 +86,13 @@ def continuous_control(*batch_keys: str, **kwargs) -> Capabilities:
                         **kwargs)
 
 
-def whole_calls(config, train_steps: int, per_call: int, train_steps_are: str):
-    """``require``'s check that a JAX env's train phase of ``train_steps`` env steps (what
-    ``train_steps_are``, in words) is a whole number of ``iterate`` calls of ``per_call``
-    steps: otherwise the last call would run past ``total_env_steps``."""
-    return (not is_native(config.env.id) or train_steps % per_call == 0,
+def whole_calls(config, train_steps: int, counts: dict, train_steps_are: str):
+    """``require``'s check that a train phase of ``train_steps`` env steps (what
+    ``train_steps_are``, in words) is a whole number of ``iterate`` calls, when the entry's
+    ``hook_counts`` (``counts``) have one: otherwise the last call would run past
+    ``total_env_steps``."""
+    per_call = counts.get("iterate", {}).get("env_steps", 1)
+    return (train_steps % per_call == 0,
             f"The train phase's {train_steps:,} env steps ({train_steps_are}) are not a "
             f"multiple of the {per_call:,} of one call (iterations_per_call="
             f"{config.iterations_per_call}); the last call would run past total_env_steps. "

@@ -91,11 +91,11 @@ def one_program(config) -> bool:
 def validate(config) -> None:
     require(dreamer.config_checks(config.dreamer, config.env.num_envs))
     components.check(config, None)
-    n, per_call = config.iterations_per_call, hook_counts(config).get("iterate", {"env_steps": 1})
-    train_steps = config.total_env_steps - config.dreamer.prefill * config.env.num_envs
+    n, train_steps = config.iterations_per_call, (config.total_env_steps
+                                                  - config.dreamer.prefill * config.env.num_envs)
     require([(n == 1 or one_program(config), f"iterations_per_call={n}: CMA-ES's generations "
               "(components.agent=cmaes) are a hook of their own, between collects; use 1."),
-             whole_calls(config, train_steps, per_call["env_steps"],
+             whole_calls(config, train_steps, hook_counts(config),
                          "total_env_steps - dreamer.prefill x env.num_envs")])
     train_ratio(config).check(tuple(getattr(config.phases.get("train"), "hooks", ())))
 
@@ -190,10 +190,10 @@ def update_hooks(config, agent, compiler, actor, policy_params) -> dict[str, Hoo
         batch = state.replay.sample(k_batch, d.report_batch, d.report_length)
         return state, {}, agent.report(state.learner.params, batch, d.report_context, k_model)
     _report = compiler.step(report, donate=False)
+    seen = {"count": None}  # host copy of state.updates for both hooks: read once, counted
 
     def reporting(hook: Hook) -> Hook:
         per_call = hook.counts["model_updates"]
-        seen = {"count": None}  # host copy of state.updates: read once, then counted
 
         def fn(state, data, key):
             state, outputs, metrics = hook.fn(state, data, key)

@@ -80,9 +80,8 @@ def validate(config) -> None:
          f"{t.horizon + 1}. Raise seed_steps."),
         (t.capacity >= t.seed_steps, "tdmpc2.capacity must hold the seed_steps."),
     ])
-    per_call = config.env.num_envs * t.steps_per_collect * config.iterations_per_call
-    train_steps = config.total_env_steps - t.seed_steps
-    require([whole_calls(config, train_steps, per_call, "total_env_steps - tdmpc2.seed_steps")])
+    require([whole_calls(config, config.total_env_steps - t.seed_steps, hook_counts(config),
+                         "total_env_steps - tdmpc2.seed_steps")])
 
 
 def validate_env(config, spec) -> None:
