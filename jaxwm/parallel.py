@@ -15,6 +15,7 @@ metrics) are gathered with ``allgather`` and combined identically on each.
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import jax
@@ -113,6 +114,27 @@ def batch_on_axis(mesh: Mesh, axis: int):
 def allgather(tree):
     """Every process's value of ``tree`` (numpy, leading axis = process index)."""
     return multihost_utils.process_allgather(tree)
+
+
+class ProcessesDivergedError(RuntimeError):
+    """Values every process must hold identically (the replicated parameters) differ."""
+
+
+def check_same_on_every_process(tree, what: str) -> None:
+    """Raises ``ProcessesDivergedError`` unless every process holds the same ``tree`` (its
+    local replicas of replicated arrays, compared by a digest of their bytes): a cheap guard
+    that the processes of a run still train one model. Nothing with one process."""
+    if jax.process_count() == 1:
+        return
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves(local_replica(tree, jax.local_devices()[0])):
+        digest.update(np.ascontiguousarray(jax.device_get(leaf)).tobytes())
+    digests = allgather(np.frombuffer(digest.digest(), np.uint8))
+    differ = [i for i, d in enumerate(digests) if not np.array_equal(d, digests[0])]
+    if differ:
+        raise ProcessesDivergedError(
+            f"The {what} of process(es) {differ} differ from process 0's: the processes no "
+            "longer train one model. This is a bug in jaxwm; please report it with the config.")
 
 
 def data_mesh(num_devices: int | None = None) -> Mesh:

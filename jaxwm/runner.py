@@ -40,7 +40,7 @@ def validate(config):
     check_ranges(config, configs.fields(config.algo))
     phases_from_config(config, entry.phase_hooks(config))  # syntax; hooks: when the loop starts
     spec = probe_spec(config.env)
-    algos.check_capabilities(config, entry.capabilities, spec)
+    algos.check_capabilities(config, entry.capabilities, spec, offline=entry.offline)
     entry.validate_env(config, spec)
     return spec
 

@@ -64,3 +64,12 @@ def _run_script(script: str, devices: int | None = None) -> dict:
 @pytest.fixture
 def run_script():
     return _run_script
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory):
+    """The offline algorithms' tiny dataset, made once per test process."""
+    from jaxwm.tools import make_dataset
+
+    path = str(tmp_path_factory.mktemp("data") / "pendulum-random-tiny.hdf5")
+    return make_dataset.make("Pendulum-v1", "random", path, size=2_000, num_envs=2)

@@ -38,8 +38,9 @@ import jax
 import numpy as np
 
 import jaxwm.config
-from jaxwm import algos, runner
+from jaxwm import algos, parallel, runner
 from jaxwm.config import ConfigError
+from jaxwm.data.replay import TransitionReplay
 from jaxwm.envs.acting import ActorState, split_groups
 from jaxwm.loop import seeds
 from jaxwm.loop.algorithm import EVALUATE, drop_unsaveable_actors, restore_actors
@@ -463,3 +464,93 @@ def _expect_one_line(validate, expected: str) -> None:
         return
     raise AssertionError(f"no ConfigError where {expected!r} should be refused")
 
+
+
+# ------------------------------------------------------------------ several processes
+
+PROCESSES_SCRIPT = textwrap.dedent("""
+    import json, os, pickle, sys
+    sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
+    from jaxwm import parallel
+    parallel.maybe_initialize_distributed()
+    import jax, numpy as np
+    import contract
+    from jaxwm import algos
+    entry = algos.get({name!r})
+    config = contract.load({spec!r}, **{overrides!r})
+    algorithm = contract.build(entry, config)
+    drive = contract.Drive.start(config, algorithm).run(1)
+    online = "collect" in algorithm.hooks
+    first = contract.first_step_obs(drive.state.replay, config.env.num_envs) if online else None
+    state = drive.run({calls}).state
+    updated = {{}}
+    if online:  # the same state (the 1-process run's) through every update hook once
+        path = {path!r}
+        if jax.process_count() == 1:
+            with open(path, "wb") as f:
+                pickle.dump(contract.persistent(algorithm, state), f)
+        else:
+            with open(path, "rb") as f:
+                saved = parallel.replicate(pickle.load(f), parallel.data_mesh())
+            state = algorithm.on_restore(state, saved)
+        key = jax.random.PRNGKey(7)
+        for name, hook in algorithm.hooks.items():
+            if name not in ("collect", "iterate") and not hook.reads:
+                state, _, _ = hook.fn(state, {{}}, key)
+                updated[name] = True
+    local = parallel.local_replica(algorithm.persistent(state), jax.local_devices()[0])
+    leaves = [np.asarray(x, np.float64).ravel().tolist() for x in jax.tree.leaves(local)]
+    print("RESULT " + json.dumps(dict(
+        leaves=leaves, first=None if first is None else np.asarray(first).tolist(),
+        updated=sorted(updated), processes=jax.process_count(), devices=jax.device_count())))
+    algorithm.close()
+""")
+
+
+def first_step_obs(replay, num_envs: int):
+    """The observations every env started from, as the replay holds them after one collect
+    (they depend on the envs' seeds alone, not on any action)."""
+    obs = jax.device_get(parallel.local_replica(replay.data["obs"], jax.local_devices()[0]))
+    return obs[:num_envs] if isinstance(replay, TransitionReplay) else obs[0]
+
+
+def check_two_processes(name: str, spec: str, overrides: dict, calls: int, workdir: str,
+                        rtol: float, atol: float) -> None:
+    """2 processes x 2 CPU devices against 1 process x 4 (``jaxwm.launch.spawn``, gloo).
+
+    Offline algorithms learn from the same dataset either way, so their states after
+    ``calls`` calls must agree. Online ones collect from the same envs (``acting.make_pool``
+    seeds each process's share as the one-process pool's) but draw each process's action
+    noise apart, so their data differ from the one-process run's: checked instead are the
+    first observations (env seeding and ``join_processes``' layout), the state after
+    ``calls`` calls being the same on both processes, and every update hook applied to the
+    one-process run's state giving its result."""
+    from jaxwm import launch
+
+    script = PROCESSES_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, "tests"), name=name,
+                                     spec=spec, overrides=overrides, calls=calls,
+                                     path=os.path.join(workdir, "state.pkl"))
+
+    def results(processes):
+        procs = launch.spawn(["-c", script], processes, devices_per_process=4 // processes,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            outputs = [p.communicate(timeout=900) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+        for p, (_, err) in zip(procs, outputs, strict=True):
+            assert p.returncode == 0, err[-3000:]
+        return [json.loads(next(line[7:] for line in out.splitlines()
+                                if line.startswith("RESULT "))) for out, _ in outputs]
+
+    (one,), (p0, p1) = results(1), results(2)
+    assert (one["devices"], p0["processes"], p0["devices"]) == (4, 2, 4)
+    assert p0["leaves"] == p1["leaves"], f"{spec}: the 2 processes hold different states"
+    if one["first"] is not None:
+        np.testing.assert_array_equal(p0["first"], one["first"],
+                                      err_msg=f"{spec}: the envs' first observations differ")
+        assert p0["updated"], f"{spec}: no update hook was checked"
+    for i, (a, b) in enumerate(zip(one["leaves"], p0["leaves"], strict=True)):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol,
+                                   err_msg=f"{spec}: leaf {i} differs on 2 processes")

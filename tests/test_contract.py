@@ -18,7 +18,6 @@ from jaxwm import algos
 from jaxwm.algos import Capabilities, Entry
 from jaxwm.config import base_config
 from jaxwm.loop.algorithm import Algorithm, Hook, drop_actors
-from jaxwm.tools import make_dataset
 
 NAMES = algos.names()
 
@@ -38,13 +37,6 @@ def marks(spec: str) -> list:
 CASES = [pytest.param(name, spec, id=name if spec == algos.get(name).tiny else
                       f"{name}-{spec.split(':')[-1]}", marks=marks(spec))
          for name in NAMES for spec in algos.get(name).tiny_configs]
-
-
-@pytest.fixture(scope="session")
-def tiny_dataset(tmp_path_factory):
-    """The offline algorithms' tiny dataset, made once per test process."""
-    path = str(tmp_path_factory.mktemp("data") / "pendulum-random-tiny.hdf5")
-    return make_dataset.make("Pendulum-v1", "random", path, size=2_000, num_envs=2)
 
 
 def dataset_overrides(name, dataset) -> dict:
@@ -80,6 +72,24 @@ ROUNDING_TOLERANCES = {"simple:minatar_tiny": dict(rtol=1e-2, atol=2e-2)}
 @pytest.mark.parametrize("name, spec", CASES)
 def test_one_and_four_devices_agree(name, spec, tiny_dataset):
     contract.check_devices_agree(name, spec, dataset_overrides(name, tiny_dataset), calls=6,
+                                 **ROUNDING_TOLERANCES.get(spec, dict(rtol=1e-4, atol=1e-5)))
+
+
+# Several processes (jaxwm.launch): every algorithm that runs in them, 2 processes x 2 CPU
+# devices against 1 x 4. All slow for now (SAC fails at the exit barrier: unfinished work)
+# (four processes compiling on 2 cores: 1 to 4 min each).
+DEFAULT_PROCESS_CASES = ()  # slow for now: see the test_two_processes note
+PROCESS_CASES = [pytest.param(name, spec, id=name, marks=[] if spec in DEFAULT_PROCESS_CASES
+                              else [pytest.mark.slow])
+                 for name in NAMES if "processes" not in algos.get(name).capabilities.cannot
+                 for spec in [algos.get(name).tiny]]
+
+
+@pytest.mark.parametrize("name, spec", PROCESS_CASES)
+def test_two_processes_train_as_one_process_of_the_same_devices(name, spec, tiny_dataset,
+                                                                 tmp_path):
+    contract.check_two_processes(name, spec, dataset_overrides(name, tiny_dataset), calls=6,
+                                 workdir=str(tmp_path),
                                  **ROUNDING_TOLERANCES.get(spec, dict(rtol=1e-4, atol=1e-5)))
 
 

@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from jaxwm import launch
+from jaxwm import algos, launch
 from jaxwm.loop.metrics import read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -203,6 +203,70 @@ def test_env_count_that_does_not_split_over_processes_is_refused(tmp_path):
                             "--config.ppo.num_minibatches=7")
     assert codes[0] == 1
     assert "env.num_envs=7 does not split over 2 processes" in outputs[0][1]
+
+
+def _launch_tiny(spec, workdir, *overrides):
+    args = ["-m", "jaxwm.train", f"--config={spec}", f"--workdir={workdir}",
+            "--config.log.progress=False", *overrides]
+    return _launch(args, 2, devices_per_process=2)
+
+
+ALGOS_IN_PROCESSES = [pytest.param(name, marks=pytest.mark.slow) for name in algos.names()
+                      if "processes" not in algos.get(name).capabilities.cannot]
+
+
+@pytest.mark.parametrize("name", ALGOS_IN_PROCESSES)
+def test_every_algorithm_finishes_a_tiny_run_in_two_processes(name, tmp_path, tiny_dataset):
+    """``jaxwm launch --num_processes=2`` of each algorithm's tiny config (0.5 to 3 min each on
+    2 cores), logged once, its checkpoints checked to hold one model on both processes."""
+    entry = algos.get(name)
+    extra = [f"--config.dataset={tiny_dataset}"] if entry.offline else []
+    codes, outputs = _launch_tiny(entry.tiny, tmp_path / "run", *extra)
+    assert codes == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
+    assert "Finished" in outputs[0][0] and "Finished" not in outputs[1][0]
+    steps = [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")]
+    assert steps == sorted(set(steps))
+
+
+def test_an_algorithm_that_cannot_run_in_processes_says_why_in_one_line(tmp_path):
+    codes, outputs = _launch_tiny("worldmodels:tiny", tmp_path / "run")
+    assert codes[0] == 1
+    assert "worldmodels cannot run 2 processes: its phase artifacts" in outputs[0][1]
+
+
+def test_a_dataset_is_not_made_by_a_multi_process_run(tmp_path):
+    missing = tmp_path / "missing.hdf5"
+    codes, outputs = _launch_tiny("mopo:tiny", tmp_path / "run", f"--config.dataset={missing}")
+    assert codes[0] == 1
+    assert "does not exist, and a run of 2 processes does not make datasets" in outputs[0][1]
+    assert not missing.exists()
+
+
+@pytest.mark.slow  # ~3 min: two TD-MPC2 processes start, stop on SIGTERM, resume to the end
+def test_a_sigtermed_two_process_tdmpc2_run_resumes_to_the_end(tmp_path):
+    import signal
+    import time
+
+    workdir = tmp_path / "run"
+    train_args = ["--config=tdmpc2:tiny", f"--workdir={workdir}", "--config.log.progress=False",
+                  "--config.total_env_steps=100000", "--config.checkpoint.every=32 env_steps"]
+    launcher = subprocess.Popen([sys.executable, "-m", "jaxwm.launch", "--num_processes=2",
+                                 "--devices_per_process=2", "--", *train_args], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 400
+    checkpoints = workdir / "checkpoints"
+    while not (checkpoints.exists() and any(n.isdigit() for n in os.listdir(checkpoints))) \
+            and time.time() < deadline:
+        time.sleep(0.5)
+    launcher.send_signal(signal.SIGTERM)
+    output, _ = launcher.communicate(timeout=300)
+    assert launcher.returncode == 75, output[-3000:]
+    saved = max(int(n) for n in os.listdir(checkpoints) if n.isdigit())
+    codes, outputs = _launch_tiny("tdmpc2:tiny", workdir, "--config.resume=True",
+                                  "--config.total_env_steps=192")
+    assert codes == [0, 0], outputs[0][1][-3000:]
+    assert f"at step {saved}" in outputs[0][0] + outputs[0][1]
+    assert "Finished 192 env steps" in outputs[0][0]
 
 
 @pytest.mark.slow

@@ -64,3 +64,17 @@ def test_a_donated_add_writes_in_place():
     add = jax.jit(lambda r, b: r.add(b), donate_argnums=0)
     replay = add(replay, {"obs": jnp.ones((8, 17))})
     assert replay.data["obs"].unsafe_buffer_pointer() == pointer
+
+
+def test_rows_of_two_processes_join_as_one_process_stepping_every_env():
+    """Process p steps envs (2p, 2p+1); value = 10 * step + global env index. One process
+    stepping all four envs gives, time-major, 0 1 2 3 10 11 12 13 (and [T, 4] chunks)."""
+    steps, envs = 2, 2
+    by_process = np.stack([
+        (10 * np.arange(steps)[:, None] + 2 * p + np.arange(envs)[None, :]) for p in range(2)])
+    flat = by_process.reshape(2, steps * envs)  # TransitionReplay's time-major rows
+    batch, mask = TransitionReplay.join_processes(({"x": flat}, flat > 0), steps)
+    np.testing.assert_array_equal(batch["x"], [0, 1, 2, 3, 10, 11, 12, 13])
+    np.testing.assert_array_equal(mask, batch["x"] > 0)
+    (chunk,) = SequenceReplay.join_processes(({"x": by_process[..., None]},), steps)
+    np.testing.assert_array_equal(chunk["x"][..., 0], [[0, 1, 2, 3], [10, 11, 12, 13]])

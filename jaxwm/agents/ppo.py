@@ -59,7 +59,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from flax import struct
 
@@ -507,8 +506,6 @@ def jax_env_checks(config, rows: int) -> list[tuple[bool, str]]:
         (not p.async_collect, "ppo.async_collect overlaps collection with the update; with a "
          f"JAX env ({config.env.id}) both are one compiled program, with nothing to overlap. "
          "Set ppo.async_collect=False."),
-        (jax.process_count() == 1, f"PPO on a JAX env ({config.env.id}) runs in one process "
-         "for now; launch one process (or use the envpool version of the env)."),
         (not p.anneal_lr or k == 1 or config.total_env_steps % per_call == 0,
          f"total_env_steps={config.total_env_steps} is not a multiple of the {per_call:,} env "
          f"steps of one call (iterations_per_call={k}): the last call would run past the "
@@ -520,19 +517,12 @@ def jax_env_checks(config, rows: int) -> list[tuple[bool, str]]:
 def merge_over_processes(start, statistics, metrics):
     """Every process's normalisation statistics and episode metrics, combined the same way
     in each (so the replicated learner stays identical): statistics as if one process had
-    seen every sample (``RunningMeanStd.merge_updates``), episode means weighted by the
-    episodes each process finished."""
+    seen every sample (``RunningMeanStd.merge_updates``), the episode metrics as
+    ``stats.merge_episode_metrics`` merges windows."""
     gathered_stats, gathered = parallel.allgather((statistics, metrics))
     statistics = tuple(RunningMeanStd.merge_updates(jax.device_get(s), g)
                        for s, g in zip(start, gathered_stats, strict=True))
-    episodes = gathered["charts/episodes"]
-    merged = {"charts/episodes": jnp.asarray(episodes.sum())}
-    for name in ("charts/episodic_return", "charts/episodic_length"):
-        finished = episodes > 0
-        merged[name] = jnp.asarray(
-            np.sum(np.where(finished, gathered[name], 0.0) * episodes) / episodes.sum()
-            if finished.any() else np.nan, jnp.float32)
-    return statistics, {**{k: jnp.asarray(v[0]) for k, v in gathered.items()}, **merged}
+    return statistics, merge_episode_metrics(gathered)
 
 
 def resolve_loop_form(loop_form: str) -> str:

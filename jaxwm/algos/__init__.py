@@ -44,15 +44,14 @@ REGISTRY = {
     "diffusion": "jaxwm.algos.diffusion",
 }
 
-NO_PROCESSES = ("it keeps its whole state on every device and steps its envs from one process; "
+NO_PROCESSES = ("its phase artifacts (files written between phases) are one process's; "
                 "launch one run per process instead")
 NO_ASYNC_POOL = ("it learns from synchronous steps of every env, and an asynchronous pool "
                  "returns whichever envs are ready")
 NO_ITERATIONS = "its hooks visit the host every iteration"
 NO_JAX_ENVS_OFFLINE = ("it learns from a D4RL-style dataset made and evaluated in envpool's "
                        "envs")
-DEFAULT_CANNOT = {"processes": NO_PROCESSES, "async_pool": NO_ASYNC_POOL,
-                  "iterations": NO_ITERATIONS}
+DEFAULT_CANNOT = {"async_pool": NO_ASYNC_POOL, "iterations": NO_ITERATIONS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,8 +154,9 @@ def taking(action: str) -> list[str]:
     return [name for name in sorted(REGISTRY) if action in get(name).capabilities.actions]
 
 
-def check_capabilities(config, capabilities: Capabilities, spec) -> None:
-    """Refuses, in one line, a config or env the algorithm cannot run."""
+def check_capabilities(config, capabilities: Capabilities, spec, offline: bool = False) -> None:
+    """Refuses, in one line, a config or env the algorithm cannot run (``offline``: it steps
+    no env while it trains, so its envs need not split over processes)."""
     algo, cannot = config.algo, capabilities.cannot
     processes, iterations = jax.process_count(), config.iterations_per_call
     jax_env = is_native(config.env.id)
@@ -183,7 +183,11 @@ def check_capabilities(config, capabilities: Capabilities, spec) -> None:
         if config.num_seeds > 1:
             raise ConfigError("num_seeds > 1 runs in one process; with several processes use "
                               "num_seeds=1 (or launch one run per seed).")
-        if config.env.num_envs % processes:
+        if jax_env:
+            raise ConfigError(f"A JAX env ({config.env.id}) runs in one process for now: its "
+                              "state lives on the devices, not split over processes. Launch one "
+                              "process (or use the envpool version of the env).")
+        if config.env.num_envs % processes and not offline:
             raise ConfigError(f"env.num_envs={config.env.num_envs} does not split over "
                               f"{processes} processes (each steps its own share of the envs); "
                               "make it a multiple.")

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxwm.agents import cma_es, components, dreamer
-from jaxwm.algos import NO_ASYNC_POOL, NO_PROCESSES, Capabilities, Entry, whole_calls
+from jaxwm.algos import NO_ASYNC_POOL, Capabilities, Entry, whole_calls
 from jaxwm.config import require
 from jaxwm.data.replay import SequenceReplay
 from jaxwm.envs import acting
@@ -240,7 +240,7 @@ ENTRY = Entry(
     validate_env=validate_env, phase_hooks=phase_hooks, tiny="dreamer:tiny",
     capabilities=Capabilities(  # iterations_per_call: on JAX envs (one_program)
         device_batches=lambda c: {"dreamer.batch_size": c.dreamer.batch_size},
-        cannot={"processes": NO_PROCESSES, "async_pool": NO_ASYNC_POOL}),
+        cannot={"async_pool": NO_ASYNC_POOL}),
     resumable=("dreamer.learning_rate", "dreamer.agc"),
     zero_means={"dreamer.report_every": "never", "dreamer.warmup": "no warm-up"})
 # The pairings of pairing: the same wiring, other components.

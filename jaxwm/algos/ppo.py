@@ -136,9 +136,8 @@ def validate(config) -> None:
 def hook_counts(config) -> dict[str, dict[str, int]]:
     """What one call of each hook adds to each counter (``build``'s hooks and
     ``python -m jaxwm.train --dry_run``'s phase table: one source)."""
-    # Counted per seed: each agent's own experience (loop.seeds); a process's own rows.
-    rows = config.env.batch_size if pool_is_async(config) else \
-        config.env.num_envs // jax.process_count()
+    # Counted per seed: each agent's own experience (loop.seeds), over all processes.
+    rows = rollout_rows(config)
     p, k = config.ppo, config.iterations_per_call
     counts = {"collect": {"env_steps": rows * p.num_steps},
               "update_agent": {"agent_updates": p.update_epochs * p.num_minibatches}}
@@ -196,16 +195,13 @@ def iterate_hooks(config, actor, update, compiler) -> dict[str, Hook]:
 def host_hooks(config, actor, update, compiler) -> dict[str, Hook]:
     """With a host-stepped env: ``collect`` (the acting layer's program around the env's,
     passing its rollout on) and ``update_agent`` (compiled over seeds and the mesh)."""
-    processes, process = jax.process_count(), jax.process_index()
-    mesh = compiler.mesh
+    processes, mesh = jax.process_count(), compiler.mesh
     # Rollouts are [envs, ...], or [seeds, envs, ...]: either way sharded over the envs.
     env_axis = PartitionSpec(*([None] if config.num_seeds > 1 else []), parallel.DATA_AXIS)
     rollout_sharding = NamedSharding(mesh, env_axis)
 
     def collect_hook(state, data, key):
         del data
-        if processes > 1:  # independent action noise in each process's envs
-            key = jax.random.fold_in(key, process)
         if config.ppo.async_collect:  # the rollout a second thread collected meanwhile
             learner, (actor_state, (statistics, rollout, metrics)) = actor.collect(
                 state.learner, state.actor, key)

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxwm.agents import tdmpc2
-from jaxwm.algos import NO_ASYNC_POOL, NO_PROCESSES, Entry, continuous_control, whole_calls
+from jaxwm.algos import NO_ASYNC_POOL, Entry, continuous_control, whole_calls
 from jaxwm.config import ConfigError, require
 from jaxwm.data.replay import SequenceReplay
 from jaxwm.envs import acting
@@ -162,6 +162,6 @@ ENTRY = Entry(name="tdmpc2", build=build, validate=validate, hook_counts=hook_co
               tiny_more=("tdmpc2:playground_tiny",),
               # several rounds in one program (iterations_per_call) need a JAX env
               capabilities=continuous_control("tdmpc2.batch_size", cannot={
-                  "processes": NO_PROCESSES, "async_pool": NO_ASYNC_POOL}),
+                  "async_pool": NO_ASYNC_POOL}),
               resumable=("tdmpc2.lr", "tdmpc2.grad_clip_norm"),
               zero_means={"tdmpc2.envs_per_batch": "1 on a CPU, every env on a GPU"})

@@ -25,6 +25,10 @@ so a reset would become a transition from a final observation to the next episod
 Its trajectory buffer's layout is ours with a period and a minimum length, which DreamerV3
 does not need. Keeping these ~100 lines avoids a dependency for no gain; both keep exact
 resume (the state is a plain pytree) and donation (updated in place under ``jit``).
+
+Several processes (``jaxwm.launch``): each steps its own share of the envs, and
+``join_processes`` lays their gathered rows out as one process stepping every env would add
+them, so the replay, replicated like the parameters, is the one-process replay.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 
@@ -77,6 +82,18 @@ class TransitionReplay:
         return self.replace(data=data, insert=(self.insert + added) % self.capacity,
                             size=jnp.minimum(self.size + added, self.capacity),
                             added=self.added + added)
+
+    @staticmethod
+    def join_processes(rows, steps: int):
+        """``add``'s arguments from every process (leaves ``[processes, steps * envs, ...]``,
+        time-major) as the ones a single process stepping all their envs would pass: each
+        step's envs in process order, the order ``acting.make_pool`` seeds them in."""
+        def join(x):
+            processes, n = x.shape[:2]
+            by_step = x.reshape((processes, steps, n // steps) + x.shape[2:])
+            return np.swapaxes(by_step, 0, 1).reshape((processes * n,) + x.shape[2:])
+
+        return jax.tree.map(join, rows)
 
     def can_sample(self) -> jax.Array:
         return self.size > 0
@@ -129,6 +146,19 @@ class SequenceReplay:
         return self.replace(data=data, insert=(self.insert + t) % self.steps,
                             size=jnp.minimum(self.size + t, self.steps),
                             added=self.added + t * self.num_envs)
+
+    @staticmethod
+    def join_processes(rows, steps: int):
+        """``add``'s arguments from every process (leaves ``[processes, T, envs, ...]``) as
+        the ones a single process stepping all their envs would pass (``[T, processes * envs,
+        ...]``, the envs in process order, as ``acting.make_pool`` seeds them)."""
+        del steps  # the chunk keeps its time axis
+
+        def join(x):
+            by_step = np.swapaxes(x, 0, 1)
+            return by_step.reshape(by_step.shape[:1] + (-1,) + by_step.shape[3:])
+
+        return jax.tree.map(join, rows)
 
     def can_sample(self, length: int) -> jax.Array:
         return self.size >= length

@@ -429,6 +429,12 @@ def make_pool(config):
 
 
 
+def process_key(key):
+    """``key`` for this process's envs: independent action noise in each process of a
+    multi-process run (every process is given the loop's one key); ``key`` itself in one."""
+    return jax.random.fold_in(key, jax.process_index()) if jax.process_count() > 1 else key
+
+
 def _by_group(groups: int, start: ActorState, steps: Steps, final: ActorState, completed):
     """The rollout of a grouped pool as ``groups`` rollouts: every pool-wide leaf split into a
     leading group axis (``steps`` and ``completed`` ``[T, groups * n]`` -> ``[groups, T, n]``);
@@ -562,7 +568,7 @@ class Actor:
     def collect(self, params, actor: ActorState, key):
         """``(actor, outputs)`` after ``num_steps`` steps from ``actor`` (donated); with
         ``background``, ``(params used, (actor, outputs))``."""
-        params = self.local(params)
+        params, key = self.local(params), process_key(key)
         if self._background is None:
             self._handle, out = self._collect(params, actor, self._handle, key)
             return out
@@ -577,11 +583,18 @@ class Actor:
         ``warmup_transitions`` N the actions are uniformly random until the replay has been
         given N transitions (``warmup``; ``params`` are then ``(flag, params)``). Returns
         ``(actor, replay, metrics)``, with ``replay/size`` (transitions held) and
-        ``charts/random_actions`` among the metrics."""
+        ``charts/random_actions`` among the metrics. Several processes: each collects from its
+        own envs, and the rows of all are gathered and joined (``replay.join_processes``)
+        into the replay every process holds whole, with the episode metrics merged, so the
+        replay and the updates are those of one process stepping every env."""
         random = replay.added < self.warmup_transitions  # a device bool: no host sync
         if self.warmup_transitions:
             params = (random, params)
         actor, (rows, metrics) = self.collect(params, actor, key)
+        if jax.process_count() > 1:  # every process's envs, as one process's pool
+            rows, metrics = parallel.allgather((rows, metrics))
+            rows, metrics = replay.join_processes(rows, self.num_steps), \
+                merge_episode_metrics(metrics)
         if self.mesh is not None:
             rows = parallel.replicate(rows, self.mesh)
         replay, size = self._add(replay, rows)
@@ -640,7 +653,7 @@ class Actor:
 
     def start_next(self, params, actor: ActorState, key) -> None:
         """``background`` only: starts the next rollout from ``actor`` with ``params``."""
-        self._background.start(self.local(params), actor, self._handle, key)
+        self._background.start(self.local(params), actor, self._handle, process_key(key))
 
     def close(self) -> None:
         if self._background is not None:

@@ -359,6 +359,9 @@ class Trainer:
         sched = self.scheduler
         if self.checkpointer.latest_step() == sched.calls:
             return  # already saved at this step (periodic save coincided with the final one)
+        if self.algorithm.policy is not None:  # several processes: still one model?
+            parallel.check_same_on_every_process(self.algorithm.policy_params(state),
+                                                 "policy parameters")
         loop = {"key": np.asarray(key).tolist(), "scheduler": sched.state_dict(),
                 "processes": jax.process_count(), "artifacts": self.artifacts.state_dict(),
                 "artifact_digests": self.artifacts.digests(),

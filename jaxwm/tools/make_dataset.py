@@ -59,6 +59,14 @@ def make_missing_inputs(config) -> None:
     path = os.path.expanduser(str(config.get("dataset", "") or ""))
     if recipe is None or not recipe.level or not path or os.path.exists(path):
         return
+    if jax.process_count() > 1:  # its behaviour agent would be one more multi-process run
+        from jaxwm.config import ConfigError
+
+        raise ConfigError(
+            f"{path} does not exist, and a run of {jax.process_count()} processes does not make "
+            f"datasets: make it first in one process (python -m jaxwm.tools.make_dataset "
+            f"--env={config.env.id} --level={recipe.level} --size={recipe.size} --out={path}), "
+            "then launch again.")
     tqdm.write(f"{path} does not exist: making it ({config.env.id}, {recipe.level}, "
                f"{recipe.size} transitions) with python -m jaxwm.tools.make_dataset.")
     make(config.env.id, recipe.level, path, size=recipe.size, train_steps=recipe.train_steps,
