@@ -68,12 +68,17 @@ def wait(processes: list[subprocess.Popen]) -> int:
     status, else ``EXIT_INTERRUPTED`` if a signal stopped them (each saved), else 0."""
     while True:
         codes = [p.poll() for p in processes]
-        failed = [c for c in codes if c not in (None, 0, EXIT_INTERRUPTED)]
+        failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0, EXIT_INTERRUPTED)]
         if failed:
-            for p in processes:
-                if p.poll() is None:
-                    p.kill()
-            return failed[0]
+            running = [p for p in processes if p.poll() is None]
+            for p in running:
+                p.kill()
+            index, code = failed[0]
+            if running:  # the others wait for it at their next collective: stop them now
+                print(f"jaxwm.launch: process {index} exited with status {code}; stopped the "
+                      f"other {len(running)}. The checkpoints saved so far are kept: resume with "
+                      "--config.resume=True.", file=sys.stderr, flush=True)
+            return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as shells say
         if all(c in (0, EXIT_INTERRUPTED) for c in codes):
             return EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else 0
         time.sleep(0.2)

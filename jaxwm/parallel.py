@@ -116,6 +116,13 @@ def allgather(tree):
     return multihost_utils.process_allgather(tree)
 
 
+def wait_for_every_process(name: str) -> None:
+    """A barrier over the run's processes (nothing with one): what one process did to shared
+    files before it is seen by all after it."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
 class ProcessesDivergedError(RuntimeError):
     """Values every process must hold identically (the replicated parameters) differ."""
 

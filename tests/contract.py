@@ -514,6 +514,22 @@ def first_step_obs(replay, num_envs: int):
     return obs[:num_envs] if isinstance(replay, TransitionReplay) else obs[0]
 
 
+def communicate_all(processes: list[subprocess.Popen], timeout: float) -> list:
+    """Every process's ``communicate()``, read at once (one thread each) and killed after.
+
+    Read one after another, a later process whose output outgrows its pipe (64 kB) blocks
+    writing it, short of the shutdown barrier of JAX's distributed runtime, where the earlier
+    process waits for it until the barrier times out."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        with ThreadPoolExecutor(len(processes)) as pool:
+            return list(pool.map(lambda p: p.communicate(timeout=timeout), processes))
+    finally:
+        for p in processes:
+            p.kill()
+
+
 def check_two_processes(name: str, spec: str, overrides: dict, calls: int, workdir: str,
                         rtol: float, atol: float) -> None:
     """2 processes x 2 CPU devices against 1 process x 4 (``jaxwm.launch.spawn``, gloo).
@@ -534,11 +550,7 @@ def check_two_processes(name: str, spec: str, overrides: dict, calls: int, workd
     def results(processes):
         procs = launch.spawn(["-c", script], processes, devices_per_process=4 // processes,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        try:
-            outputs = [p.communicate(timeout=900) for p in procs]
-        finally:
-            for p in procs:
-                p.kill()
+        outputs = communicate_all(procs, timeout=900)
         for p, (_, err) in zip(procs, outputs, strict=True):
             assert p.returncode == 0, err[-3000:]
         return [json.loads(next(line[7:] for line in out.splitlines()

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
 SCRIPTS = ("ab", "backbones", "conv_grad", "diffusion", "dreamer", "model_table", "offline",
            "ppo_throughput", "seeds", "simple", "tdmpc2", "worldmodels", "jax_envs",
-           "offpolicy_jax_envs")
+           "offpolicy_jax_envs", "processes")
 
 
 @pytest.fixture(scope="module")

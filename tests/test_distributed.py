@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import contract
 import numpy as np
 import pytest
 
@@ -29,27 +30,28 @@ JOIN_SCRIPT = textwrap.dedent("""
 def _launch(python_args, num_processes, devices_per_process=0, timeout=600):
     processes = launch.spawn(python_args, num_processes, devices_per_process,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
-        outputs = [p.communicate(timeout=timeout) for p in processes]
-    finally:
-        for p in processes:
-            p.kill()
+    outputs = contract.communicate_all(processes, timeout)
     return [p.returncode for p in processes], outputs
 
 
 @pytest.mark.parametrize("codes, expected", [
     ((0, 0), 0), ((75, 75), 75), ((0, 75), 75),  # 75: a signal stopped them, each saved
     ((3, None), 3),  # a failure stops the process still running
+    ((-9, None), 137),  # killed by SIGKILL: 128 + 9, as a shell reports it
 ])
-def test_the_launcher_returns_a_failure_else_interrupted_else_success(codes, expected):
+def test_the_launcher_returns_a_failure_else_interrupted_else_success(codes, expected, capsys):
     from jaxwm import train
 
     assert launch.EXIT_INTERRUPTED == train.EXIT_INTERRUPTED == 75  # the status documented
-    processes = launch.spawn(["-c", f"import sys, time; code = {codes!r}[int(__import__('os')"
-                              ".environ['JAX_PROCESS_ID'])]; code is None and time.sleep(60); "
-                              "sys.exit(code)"], len(codes))
+    processes = launch.spawn(["-c", f"import os, sys, time; code = {codes!r}[int(os.environ["
+                              "'JAX_PROCESS_ID'])]; code is None and time.sleep(60); code and "
+                              "code < 0 and os.kill(os.getpid(), -code); sys.exit(code)"],
+                             len(codes))
     assert launch.wait(processes) == expected
     assert all(p.wait(timeout=10) is not None for p in processes)  # the sleeper was killed
+    if None in codes:
+        assert f"process 0 exited with status {codes[0]}; stopped the other 1" in \
+            capsys.readouterr().err
 
 
 def test_joining_a_job_initialises_the_distributed_runtime_before_the_backend():
@@ -198,11 +200,16 @@ def test_sigterm_to_the_launcher_saves_every_process_and_exits_for_a_requeue(tmp
     assert f"Finished {env_steps + 1024:,} env steps" in outputs[0][0]
 
 
-def test_env_count_that_does_not_split_over_processes_is_refused(tmp_path):
-    codes, outputs = _train(tmp_path / "run", 2, "--config.env.num_envs=7",
-                            "--config.ppo.num_minibatches=7")
+@pytest.mark.parametrize("overrides,message", [
+    (("--config.env.num_envs=7", "--config.ppo.num_minibatches=7"),
+     "env.num_envs=7 does not split over 2 processes"),
+    (("--config.num_seeds=2",), "num_seeds > 1 runs in one process"),
+])
+def test_settings_that_do_not_fit_several_processes_are_refused(overrides, message, tmp_path):
+    codes, outputs = _train(tmp_path / "run", 2, *overrides)
     assert codes[0] == 1
-    assert "env.num_envs=7 does not split over 2 processes" in outputs[0][1]
+    assert message in outputs[0][1]
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def _launch_tiny(spec, workdir, *overrides):
@@ -267,6 +274,72 @@ def test_a_sigtermed_two_process_tdmpc2_run_resumes_to_the_end(tmp_path):
     assert codes == [0, 0], outputs[0][1][-3000:]
     assert f"at step {saved}" in outputs[0][0] + outputs[0][1]
     assert "Finished 192 env steps" in outputs[0][0]
+
+
+# Process 1 alone finds the newest checkpoint damaged (as a stale copy on a shared filesystem
+# would look to it); the others read it well.
+DAMAGED_ON_ONE_PROCESS = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from jaxwm import parallel
+    parallel.maybe_initialize_distributed()
+    import jax
+    from jaxwm import train
+    from jaxwm.loop import checkpoint
+    if jax.process_index() == 1:
+        verify = checkpoint.verify
+        def stale(step_dir, contents=True):
+            if step_dir.endswith("/{step}"):
+                raise checkpoint._Damaged("seen damaged by process 1 alone")
+            return verify(step_dir, contents)
+        checkpoint.verify = stale
+    sys.exit(train.main({argv!r}))
+""")
+
+
+@pytest.mark.slow  # ~1.5 min: two 2-process SAC runs
+def test_damage_one_process_sees_moves_the_checkpoint_aside_for_all(tmp_path):
+    workdir = tmp_path / "run"
+    codes, outputs = _launch_tiny("sac:tiny", workdir)
+    assert codes == [0, 0], outputs[0][1][-3000:]
+    newest = max(int(n) for n in os.listdir(workdir / "checkpoints") if n.isdigit())
+    argv = ["jaxwm.train", "--config=sac:tiny", f"--workdir={workdir}", "--config.resume=True",
+            "--config.total_env_steps=96", "--config.log.progress=False"]
+    codes, outputs = _launch(["-c", DAMAGED_ON_ONE_PROCESS.format(root=ROOT, step=newest,
+                                                                 argv=argv)], 2, 2)
+    said = outputs[0][0] + outputs[0][1]
+    assert codes == [0, 0], said[-3000:] + outputs[1][1][-3000:]
+    assert f"{newest} (_Damaged: process(es) [1] of this run found it damaged)" in said
+    assert os.listdir(workdir / "unreadable_checkpoints") == [str(newest)]  # moved, not lost
+    assert "Finished 96 env steps" in said
+
+
+@pytest.mark.slow  # ~1.5 min: a 2-process SAC run, one process killed, resumed to the end
+def test_a_dead_process_stops_the_others_and_the_run_resumes(tmp_path):
+    import signal
+    import time
+
+    workdir = tmp_path / "run"
+    train_args = ["--config=sac:tiny", f"--workdir={workdir}", "--config.log.progress=False",
+                  "--config.total_env_steps=2048"]
+    launcher = subprocess.Popen([sys.executable, "-m", "jaxwm.launch", "--num_processes=2",
+                                 "--devices_per_process=2", "--", *train_args], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    checkpoints, deadline = workdir / "checkpoints", time.time() + 300
+    while not (checkpoints.exists() and any(n.isdigit() for n in os.listdir(checkpoints))) \
+            and time.time() < deadline:
+        time.sleep(0.1)
+    children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True,
+                              text=True).stdout.split()
+    os.kill(int(sorted(children, key=int)[-1]), signal.SIGKILL)  # process 1, as an OOM kill
+    output, _ = launcher.communicate(timeout=120)
+    assert launcher.returncode == 137, output[-3000:]
+    assert "process 1 exited with status -9; stopped the other 1" in output
+    codes, outputs = _launch_tiny("sac:tiny", workdir, "--config.resume=True",
+                                  "--config.total_env_steps=2048")
+    said = outputs[0][0] + outputs[0][1]
+    assert codes == [0, 0], said[-3000:]
+    assert "Resumed from" in said and "Finished 2,048 env steps" in said
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import contract
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,6 +74,6 @@ def test_the_multinode_recipe_joins_its_machines_into_one_run(tmp_path):
                                "--config.log.progress=False"], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in (0, 1)]
-    outputs = [p.communicate(timeout=600)[0] for p in ranks]
+    outputs = [out for out, _ in contract.communicate_all(ranks, timeout=600)]
     assert [p.returncode for p in ranks] == [0, 0], outputs[0][-3000:]
     assert "Finished 2,048 env steps" in outputs[0] and "Finished" not in outputs[1]

@@ -181,8 +181,10 @@ def check_capabilities(config, capabilities: Capabilities, spec, offline: bool =
                           "several processes.")
     if processes > 1:
         if config.num_seeds > 1:
-            raise ConfigError("num_seeds > 1 runs in one process; with several processes use "
-                              "num_seeds=1 (or launch one run per seed).")
+            raise ConfigError("num_seeds > 1 runs in one process (the seeds are vmapped "
+                              "inside each device's program; only the data axis of the mesh "
+                              "spans processes): with several processes use num_seeds=1, or "
+                              "launch one run per seed.")
         if jax_env:
             raise ConfigError(f"A JAX env ({config.env.id}) runs in one process for now: its "
                               "state lives on the devices, not split over processes. Launch one "

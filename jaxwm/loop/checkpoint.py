@@ -48,6 +48,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxwm import parallel
 from jaxwm.config import ConfigError
 
 # Version of the checkpoint's layout ("algo" pytree + "loop" JSON), stored in "loop". 3: the
@@ -490,7 +491,7 @@ class Checkpointer:
         unreadable = []
         for candidate in steps:
             try:
-                self._check_files(candidate, contents=False)
+                self._check_on_every_process(candidate, contents=False)
             except _Damaged as e:
                 unreadable.append((candidate, e))
         junk = {s for s, _ in unreadable}
@@ -498,7 +499,7 @@ class Checkpointer:
         unreadable = [(s, e) for s, e in unreadable if s not in candidates]
         for step in candidates:
             try:
-                verified = self._check_files(step, contents=True)
+                verified = self._check_on_every_process(step, contents=True)
             except _Damaged as e:
                 unreadable.append((step, e))
                 continue
@@ -539,6 +540,26 @@ class Checkpointer:
             raise IncompatibleCheckpointError(
                 f"Checkpoint {step_dir} cannot be read ({_first_line(e)}); fix the permissions "
                 "and resume again; nothing was moved or changed.") from None
+
+    def _check_on_every_process(self, step: int, contents: bool) -> bool:
+        """``_check_files``, agreed by every process of the run: raises ``_Damaged`` where any
+        process found the checkpoint damaged, so that all go on to the same older one (a
+        process reading a stale or partly synced copy on a shared filesystem can see damage
+        the others do not, and orbax's restore waits for every process at each checkpoint it
+        reads); else whether every process verified it against its manifest."""
+        try:
+            verified, damage = self._check_files(step, contents), None
+        except _Damaged as e:
+            verified, damage = False, e
+        if jax.process_count() > 1:
+            found = parallel.allgather(np.array([damage is not None, verified]))
+            damaged = [i for i, (bad, _) in enumerate(found) if bad]
+            if damaged and damage is None:
+                damage = _Damaged(f"process(es) {damaged} of this run found it damaged")
+            verified = bool(found[:, 1].all())
+        if damage is not None:
+            raise damage
+        return verified
 
     def _refuse_layout(self, step: int, layout) -> None:
         if layout == 1:
@@ -587,7 +608,8 @@ class Checkpointer:
 
     def set_aside(self, unreadable, restored_step: int) -> str | None:
         """Moves the unreadable checkpoints to ``unreadable_checkpoints/`` (never deletes them,
-        and frees their steps for the resumed run); returns what to tell the user."""
+        and frees their steps for the resumed run); returns what to tell the user. Call
+        ``reopen`` after it (on every process, once this one has moved them)."""
         if not unreadable:
             return None
         os.makedirs(self.quarantine, exist_ok=True)
@@ -597,7 +619,6 @@ class Checkpointer:
             while os.path.exists(target):  # set aside before, by an earlier resume
                 target, suffix = os.path.join(self.quarantine, f"{step}.{suffix}"), suffix + 1
             shutil.move(os.path.join(self.directory, str(step)), target)
-        self.reopen()
         reasons = "; ".join(f"{step} ({_first_line(e)})" for step, e in unreadable)
         return (f"Checkpoint(s) {reasons} could not be read; moved to {self.quarantine} (not "
                 f"deleted) and resumed from the newest readable one, step {restored_step}.")

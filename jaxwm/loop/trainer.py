@@ -341,12 +341,9 @@ class Trainer:
         note = self.checkpointer.set_aside(unreadable, step) if self.primary else None
         if note:
             self.say(note)
-        if unreadable and jax.process_count() > 1:  # the others list the moved steps again
-            from jax.experimental import multihost_utils
-
-            multihost_utils.sync_global_devices("jaxwm: unreadable checkpoints set aside")
-            if not self.primary:
-                self.checkpointer.reopen()
+        if unreadable:  # every process lists the steps again, after process 0 moved them
+            parallel.wait_for_every_process("jaxwm: unreadable checkpoints set aside")
+            self.checkpointer.reopen()
         self.resumed_from = step
         self.wall_before = float(loop.get("wall_seconds", 0.0))
         state = self.algorithm.on_restore(state, saved)
