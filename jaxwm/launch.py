@@ -76,8 +76,8 @@ def wait(processes: list[subprocess.Popen]) -> int:
             index, code = failed[0]
             if running:  # the others wait for it at their next collective: stop them now
                 print(f"jaxwm.launch: process {index} exited with status {code}; stopped the "
-                      f"other {len(running)}. The checkpoints saved so far are kept: resume with "
-                      "--config.resume=True.", file=sys.stderr, flush=True)
+                      f"other {len(running)}. Any checkpoints saved so far are kept (resume with "
+                      "--config.resume=True).", file=sys.stderr, flush=True)
             return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as shells say
         if all(c in (0, EXIT_INTERRUPTED) for c in codes):
             return EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else 0
