@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
@@ -520,8 +521,6 @@ def communicate_all(processes: list[subprocess.Popen], timeout: float) -> list:
     Read one after another, a later process whose output outgrows its pipe (64 kB) blocks
     writing it, short of the shutdown barrier of JAX's distributed runtime, where the earlier
     process waits for it until the barrier times out."""
-    from concurrent.futures import ThreadPoolExecutor
-
     try:
         with ThreadPoolExecutor(len(processes)) as pool:
             return list(pool.map(lambda p: p.communicate(timeout=timeout), processes))
