@@ -5,9 +5,9 @@ apply to jaxwm's programs only (no process-wide ``XLA_FLAGS``) and are chosen in
 
 CPU: recent XLA:CPU hands convolutions to YNNPACK (``xla_cpu_experimental_ynn_fusion_type``
 includes individual convolutions). On the 2-core machines this project targets, a Nature-CNN
-gradient step at batch 256 took 0.385 s with YNNPACK's convolutions and 0.113 s with XLA's own
-(Eigen) convolutions (``benchmarks/results/conv_grad_cpu.md``), so jaxwm keeps YNNPACK for
-dots only (measured no slower than the default on the MLP workloads). A jax that does not
+gradient step is several times slower with YNNPACK's convolutions than with XLA's own (Eigen)
+convolutions (``benchmarks/results/conv_grad_cpu.md``), so jaxwm keeps YNNPACK for dots only
+(no slower than the default on the MLP workloads). A jax that does not
 know the option (older or newer) compiles with its defaults, and ``compiler_options()`` says
 so once with a warning.
 

@@ -29,7 +29,7 @@ official ``repl_loss``, scale 0.3; the paper does not describe it): lambda-retur
 rewards and terminals, bootstrapped from the imagined return of each replayed state. Its
 gradients reach the world model too (official ``repval_grad``). With it, and the raw-space
 two-hot, jaxwm's critic values on CartPole track the official code's (benchmarks/fidelity/);
-without them they rose about 3x slower.
+without them they rose far more slowly.
 
 The actor's categorical has no uniform mix by default (the official code's categorical policy
 head ignores ``unimix``; the paper says 1%: ``actor_unimix``); continuous actions are a normal

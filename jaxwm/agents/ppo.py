@@ -16,8 +16,9 @@ Differences from CleanRL, on purpose:
 
 Loop form. The update runs ``epochs x minibatches`` gradient steps. ``loop_form`` picks how:
 ``scan`` (rolled ``lax.scan``: one dispatch, smallest program) or ``unroll``
-(``lax.scan(unroll=True)``). XLA:CPU runs autodiff's convolution gradients ~40x slower inside a
-rolled scan than under plain jit, which is why CleanRL's scan PPO crawls on CPU;
+(``lax.scan(unroll=True)``). XLA:CPU runs autodiff's convolution gradients many times slower
+inside a rolled scan than under plain jit (benchmarks/results/conv_grad_cpu.md), which is why
+CleanRL's scan PPO crawls on CPU;
 ``nets.conv`` writes them as canonical convolutions, after which the rolled scan is the
 fastest form (benchmarks/results/ppo_throughput_cpu.md, the ``update_s`` column per form). So
 ``auto`` is ``scan`` on every backend; ``unroll`` stays for measurement.

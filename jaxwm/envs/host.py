@@ -13,7 +13,7 @@ statistic built for envpool works unchanged.
 jitted ``lax.scan`` the envs step once per iteration, in order, and the scan's ``handle``
 (a step counter) threads the order through like envpool's. It cannot be vmapped (one host
 pool) and the steps run one after another in Python, so such envs are much slower than
-envpool's C++ threads (Crafter: ~2-3 ms a step on one core). Every call into the envs runs
+envpool's C++ threads. Every call into the envs runs
 on one thread that owns them (``OwnerThread``), because a renderer's OpenGL context
 (``jaxwm.envs.dmc_pixels``) works only on the thread that made it current.
 

@@ -39,10 +39,10 @@ starts instead of a dead process in the first evaluation. envpool renders throug
 
 Frames: ``FRAME_SIZE`` RGB; Gym-MuJoCo from envpool's default camera (gymnasium's views,
 following the agent), DMC from camera 0 (quadruped 2), the cameras of
-``jaxwm.envs.dmc_pixels`` and of the official DMC wrappers. Software rendering is slow: about
-80 ms a frame for HalfCheetah-v4 on one core of a 2-core CPU (~200 ms with the pool's
-stepping threads on that core), so a 1000-step episode records in minutes there; the render
-time hardly depends on the frame size.
+``jaxwm.envs.dmc_pixels`` and of the official DMC wrappers. Software rendering is slow (tens
+of milliseconds a frame on one CPU core, more with the pool's stepping threads beside it), so
+a 1000-step episode records in minutes on a CPU; the render time hardly depends on the frame
+size.
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ class GridCNN(nn.Module):
     """Small CNN for MiniGrid's 7x7 egocentric view (Willems' rl-starter-files: 16/32/64 2x2).
 
     The Nature CNN's 8x8 stride-4 first layer does not fit a 7x7 input. Its convolutions are
-    ``Conv2D`` too: with autodiff's gradients, PPO's rolled-scan update on CPU was ~10x slower.
+    ``Conv2D`` too: autodiff's convolution gradients crawl in PPO's rolled-scan update on CPU
+    (``agents.ppo``, "Loop form").
     """
 
     dense: int = 256

@@ -6,7 +6,7 @@ data-dependent (dt, B, C); zero-order-hold discretisation A_bar = exp(dt A),
 B_bar x = dt B x; the selective scan h_t = A_bar_t h_{t-1} + B_bar_t x_t, y = C h + D x; gated
 by SiLU(z); output projection. The scan is ``ops.selective_scan``: the associative scan
 (``jax.lax.associative_scan`` with a reset-aware operator) or, on CPU by default, a sequential
-scan with a hand-written backward pass that never materialises [T, D, N] (10x faster there);
+scan with a hand-written backward pass that never materialises [T, D, N] (faster there);
 both give the same values and gradients. The convolution reads
 ``ops.sequence.episode_windows``. Initialisation follows
 ``mamba_ssm``: A = -(1..N) per channel (S4D-real), dt in [0.001, 0.1] log-uniformly through an
@@ -43,8 +43,8 @@ from jaxwm.ops.ssd import ssd_chunked
 
 
 def resolve_scan(scan: str) -> str:
-    """``auto`` -> ``sequential`` on CPU (measured 10x faster there), ``associative`` on
-    accelerators (the parallel form; not measured on one yet)."""
+    """``auto`` -> ``sequential`` on CPU (the faster there), ``associative`` on accelerators
+    (the parallel form)."""
     if scan == "auto":
         return "sequential" if jax.default_backend() == "cpu" else "associative"
     if scan not in METHODS:
