@@ -254,6 +254,24 @@ def test_a_run_with_one_evaluation_is_drawn_as_a_point(tmp_path, monkeypatch):
         assert len(mean.get_xdata()) == 1 and mean.get_ydata()[0] == pytest.approx(15.0)
 
 
+def test_figures_label_axes_in_words_and_name_a_one_task_aggregate():
+    """Axis labels are words, not metric keys; the aggregate plot names each method's tasks
+    and runs, and says where an aggregate covers one task (its seeds alone)."""
+    from jaxwm.report import figures
+
+    line = (np.arange(3.0), np.ones(3), np.zeros(3), 2 * np.ones(3), np.ones((2, 3)))
+    fig = figures.draw_curves({"CartPole-v1": {"ppo": line}}, "env_steps", "eval/episodic_return")
+    assert fig.axes[0].get_xlabel() == "env steps"
+    assert fig.axes[0].get_ylabel() == "evaluation return (mean over episodes)"
+    estimates = {"Median": (1.0, 0.5, 1.5), "IQM": (1.0, 0.5, 1.5), "Mean": (1.0, 0.5, 1.5)}
+    fig = figures.draw_aggregates({"ppo": estimates, "sac": estimates}, "eval/episodic_return",
+                                  tasks={"ppo": 1, "sac": 3}, runs={"ppo": 5, "sac": 2}, reps=100)
+    labels = [t.get_text() for ax in fig.axes for t in ax.get_yticklabels()]
+    assert "ppo (1 task x 5 runs)" in labels and "sac (3 tasks x 2 runs)" in labels
+    assert "ppo: one task, so each aggregate is over its runs alone" in fig._suptitle.get_text()
+    assert "sac:" not in fig._suptitle.get_text()
+
+
 def test_runs_without_metrics_are_named_and_skipped(tmp_path):
     write_run(tmp_path / "runs" / "good", [1.0])
     os.makedirs(tmp_path / "runs" / "empty")

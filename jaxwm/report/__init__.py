@@ -380,7 +380,9 @@ def make_report(paths, out: str, metric: str = "eval/episodic_return", group_by=
         for method, values in results.items():
             for n, v in values.items():
                 writer.writerow([method, n, *v])
-    figures.aggregates(results, os.path.join(out, "aggregates.png"), unit)
+    figures.aggregates(results, os.path.join(out, "aggregates.png"), unit,
+                       tasks={m: s.shape[1] for m, s in score_dict.items()},
+                       runs={m: s.shape[0] for m, s in score_dict.items()}, reps=reps)
     figures.performance_profile(score_dict, os.path.join(out, "performance_profile.png"), unit,
                                 reps, seed)
     files += ["aggregates.csv", "aggregates.png", "performance_profile.png"]

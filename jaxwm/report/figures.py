@@ -16,6 +16,18 @@ def _pyplot():
     return plt
 
 
+# Axis labels in words for the metrics a report is usually asked for; any other key is spelled
+# out from its parts (``eval/success_rate`` -> "eval success rate").
+METRIC_WORDS = {"eval/episodic_return": "evaluation return (mean over episodes)",
+                "charts/episodic_return": "training return (mean over episodes)",
+                "eval/episodic_length": "evaluation episode length"}
+
+
+def in_words(label: str) -> str:
+    """A metric key or counter as an axis label in words; other labels as they are."""
+    return METRIC_WORDS.get(label, label.replace("/", " ").replace("_", " "))
+
+
 def curves(panels: dict, path: str, x_label: str, y_label: str) -> bool:
     """One panel per task: ``panels = {task: {group: (x, mean, low, high, per_seed)}}``, the
     mean over seeds with its 95% CI band and each seed as a thin line. False if nothing to
@@ -53,8 +65,8 @@ def draw_curves(panels: dict, x_label: str, y_label: str):
                 for values in per_seed:
                     ax.plot(x, values, color=line.get_color(), alpha=0.3, linewidth=0.6)
         ax.set_title(task)
-        ax.set_xlabel(x_label)
-        ax.set_ylabel(y_label)
+        ax.set_xlabel(in_words(x_label))
+        ax.set_ylabel(in_words(y_label))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[n:]:
@@ -78,21 +90,37 @@ def _point(ax, x, mean, low, high, per_seed, name: str) -> None:
                 color=color, alpha=0.4)
 
 
-def aggregates(results: dict, path: str, x_label: str) -> None:
-    """rliable's interval-estimate plot of ``stats.aggregates``' output."""
+def aggregates(results: dict, path: str, x_label: str, tasks: dict[str, int],
+               runs: dict[str, int], reps: int) -> None:
+    """``draw_aggregates``' figure, saved to ``path``."""
+    fig = draw_aggregates(results, x_label, tasks, runs, reps)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    _pyplot().close(fig)
+
+
+def draw_aggregates(results: dict, x_label: str, tasks: dict[str, int], runs: dict[str, int],
+                    reps: int):
+    """rliable's interval-estimate plot of ``stats.aggregates``' output, each method named
+    with its tasks and runs per task (``tasks``, ``runs``): a method of one task is an
+    aggregate over that task's seeds alone, which the title then says."""
     from rliable import plot_utils
 
-    plt = _pyplot()
     names = list(next(iter(results.values())))
-    points = {m: np.array([results[m][n][0] for n in names]) for m in results}
-    intervals = {m: np.array([[results[m][n][1] for n in names],
-                              [results[m][n][2] for n in names]]) for m in results}
+    label = {m: f"{m} ({tasks[m]} task{'s' * (tasks[m] > 1)} x {runs[m]} "
+                f"run{'s' * (runs[m] > 1)})" for m in results}
+    points = {label[m]: np.array([results[m][n][0] for n in names]) for m in results}
+    intervals = {label[m]: np.array([[results[m][n][1] for n in names],
+                                     [results[m][n][2] for n in names]]) for m in results}
     rows = len(results)
     fig, _ = plot_utils.plot_interval_estimates(
-        points, intervals, metric_names=names, algorithms=list(results), xlabel=x_label,
-        row_height=max(0.5, 1.6 / rows), xlabel_y_coordinate=-0.45 / max(1, rows / 2))
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+        points, intervals, metric_names=names, algorithms=list(label.values()),
+        xlabel=in_words(x_label), row_height=max(0.5, 1.6 / rows),
+        xlabel_y_coordinate=-0.45 / max(1, rows / 2))
+    single = [m for m in results if tasks[m] == 1]
+    fig.suptitle(f"95% stratified-bootstrap CIs ({reps} resamples)" + (
+        f"\n{', '.join(single)}: one task, so each aggregate is over its runs alone"
+        if single else ""), fontsize=9, y=1.3 + 0.1 * bool(single))
+    return fig
 
 
 def performance_profile(score_dict: dict, path: str, x_label: str, reps: int,
@@ -111,7 +139,7 @@ def performance_profile(score_dict: dict, path: str, x_label: str, reps: int,
     colors = dict(zip(score_dict, sns.color_palette("colorblind", len(score_dict)), strict=True))
     fig, ax = plt.subplots(figsize=(7, 4))
     plot_utils.plot_performance_profiles(profiles, taus, performance_profile_cis=cis, ax=ax,
-                                         xlabel=x_label, colors=colors)
+                                         xlabel=in_words(x_label), colors=colors)
     ax.legend([Line2D([0], [0], color=c) for c in colors.values()], list(colors), fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
