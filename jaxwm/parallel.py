@@ -116,6 +116,19 @@ def allgather(tree):
     return multihost_utils.process_allgather(tree)
 
 
+def host_value(tree):
+    """``tree`` on the host (numpy), whole: a global array split over several processes'
+    devices (a batch a hook computed over the mesh) is gathered from all of them, so every
+    process of the run must call this with the same tree; anything else is fetched as
+    ``jax.device_get`` fetches it."""
+    def fetch(x):
+        if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(jax.device_get(x))
+
+    return jax.tree.map(fetch, tree)
+
+
 def wait_for_every_process(name: str) -> None:
     """A barrier over the run's processes (nothing with one): what one process did to shared
     files before it is seen by all after it."""
@@ -170,6 +183,20 @@ def local_replica(tree, device):
         return next(s.data for s in x.addressable_shards if s.device == device)
 
     return jax.tree.map(pick, tree)
+
+
+def on_local_device(fn, mesh: Mesh):
+    """``fn`` of values replicated over ``mesh`` run on this process's device alone (a program
+    with host calls of one device, such as envpool's steps), on its replicas, its first result
+    replicated over ``mesh`` again: every process runs the whole of ``fn`` and, from the same
+    inputs, reaches the same value. ``(result, rest)`` -> the same, ``result`` replicated."""
+    device = local_device(mesh)
+
+    def run(*args):
+        result, rest = fn(*local_replica(args, device))
+        return replicate(result, mesh), rest
+
+    return run
 
 
 def put_readonly(tree, mesh: Mesh, shard_min_bytes: int = 16 << 20):

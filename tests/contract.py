@@ -482,23 +482,31 @@ PROCESSES_SCRIPT = textwrap.dedent("""
     algorithm = contract.build(entry, config)
     drive = contract.Drive.start(config, algorithm).run(1)
     online = "collect" in algorithm.hooks
-    first = contract.first_step_obs(drive.state.replay, config.env.num_envs) if online else None
-    state = drive.run({calls}).state
+    first = contract.first_step_obs(drive, config.env.num_envs) if online else None
+    # An algorithm whose phases write artifacts runs every phase (its tiny config is short),
+    # so that every hook reads something.
+    writes_artifacts = any(set(h.writes) & set(algorithm.artifacts)
+                           for h in algorithm.hooks.values())
+    state = drive.run(None if writes_artifacts else {calls}).state
     updated = {{}}
-    if online:  # the same state (the 1-process run's) through every update hook once
+    if online:  # the 1-process run's state and inputs through every update hook once
+        key = jax.random.PRNGKey(7)
+        hooks = {{name: hook for name, hook in algorithm.hooks.items()  # reads only artifacts
+                  if name not in ("collect", "iterate")
+                  and set(hook.reads) <= set(algorithm.artifacts)}}
         path = {path!r}
         if jax.process_count() == 1:
+            inputs = {{name: parallel.host_value(contract.hook_inputs(
+                algorithm, hook, {{}}, drive.artifacts, key)) for name, hook in hooks.items()}}
             with open(path, "wb") as f:
-                pickle.dump(contract.persistent(algorithm, state), f)
+                pickle.dump((contract.persistent(algorithm, state), inputs), f)
         else:
             with open(path, "rb") as f:
-                saved = parallel.replicate(pickle.load(f), parallel.data_mesh())
+                saved, inputs = parallel.replicate(pickle.load(f), parallel.data_mesh())
             state = algorithm.on_restore(state, saved)
-        key = jax.random.PRNGKey(7)
-        for name, hook in algorithm.hooks.items():
-            if name not in ("collect", "iterate") and not hook.reads:
-                state, _, _ = hook.fn(state, {{}}, key)
-                updated[name] = True
+        for name, hook in hooks.items():
+            state, _, _ = hook.fn(state, inputs[name], key)
+            updated[name] = True
     local = parallel.local_replica(algorithm.persistent(state), jax.local_devices()[0])
     leaves = [np.asarray(x, np.float64).ravel().tolist() for x in jax.tree.leaves(local)]
     print("RESULT " + json.dumps(dict(
@@ -508,9 +516,17 @@ PROCESSES_SCRIPT = textwrap.dedent("""
 """)
 
 
-def first_step_obs(replay, num_envs: int):
-    """The observations every env started from, as the replay holds them after one collect
-    (they depend on the envs' seeds alone, not on any action)."""
+def first_step_obs(drive: Drive, num_envs: int):
+    """The observations every env started from after one collect (they depend on the envs'
+    seeds alone, not on any action): as the replay holds them, or, for an algorithm that
+    collects into a phase artifact, each env's first row of its ``obs`` or ``frame`` (a
+    collect writes its rows env by env)."""
+    replay = getattr(drive.state, "replay", None)
+    if replay is None:
+        (file,) = [drive.artifacts.files[out] for out in drive.algorithm.hooks["collect"].writes]
+        rows = parallel.host_value(file.whole())
+        frames = rows["obs"] if "obs" in rows else rows["frame"]
+        return frames.reshape((num_envs, -1) + frames.shape[1:])[:, 0]
     obs = jax.device_get(parallel.local_replica(replay.data["obs"], jax.local_devices()[0]))
     return obs[:num_envs] if isinstance(replay, TransitionReplay) else obs[0]
 

@@ -136,6 +136,13 @@ class Agent:
         return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape((t * n,) + x.shape[2:]),
                             rows)
 
+    @staticmethod
+    def join_processes(rows) -> dict:
+        """Every process's ``frame_rows`` (leaves ``[processes, rows, ...]``) as one process
+        stepping all their envs would write them: env by env, the envs in process order (the
+        order ``acting.make_pool`` seeds them in)."""
+        return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), rows)
+
     def row_examples(self) -> tuple[dict, dict]:
         """One row each of the ``frames`` and ``latents`` artifacts."""
         frame = {"frame": np.zeros(vae.FRAME, np.uint8),

@@ -44,8 +44,6 @@ REGISTRY = {
     "diffusion": "jaxwm.algos.diffusion",
 }
 
-NO_PROCESSES = ("its phase artifacts (files written between phases) are one process's; "
-                "launch one run per process instead")
 NO_ASYNC_POOL = ("it learns from synchronous steps of every env, and an asynchronous pool "
                  "returns whichever envs are ready")
 NO_ITERATIONS = "its hooks visit the host every iteration"

@@ -1,33 +1,26 @@
 """World Models (Ha & Schmidhuber 2018, "Recurrent World Models Facilitate Policy Evolution",
 NeurIPS; hardmaru/WorldModelsExperiments ``carracing/``), RL Lab's workflow: V learns to see,
-M to remember and predict, C is evolved.
+M to remember and predict, C is evolved. Phases (``jaxwm/configs/worldmodels.py``), each with
+its own counter, and their hooks (the learning is described in ``agents.worldmodels``):
 
-Phases (``jaxwm/configs/worldmodels.py``), each with its own counter, and the hook of each (the
-learning they run is described in ``agents.worldmodels``):
-
-1. ``collect`` (``env_steps``): random rollouts of the pixel env (uniform actions, the
-   reference's, or ``brownian``, ctallec's reproduction's), their 64x64 frames written to the
-   phase artifact ``frames`` (``<workdir>/artifacts``; the paper's 10k rollouts are ~120 GB,
-   beyond memory and checkpoints).
+1. ``collect`` (``env_steps``): random rollouts (uniform actions, the reference's, or
+   ``brownian``, ctallec's reproduction's), their 64x64 frames written to the phase artifact
+   ``frames`` (``<workdir>/artifacts``; the paper's 10k rollouts are ~120 GB).
 2. ``vae`` (``vae_updates``, ``update_vae``): V on batches of frames drawn from the artifact.
 3. ``encode`` (``encoded_rows``): every frame, in order, to its posterior, written to the
    artifact ``latents`` (``Artifact.after``: the pass resumes where its checkpoint left it).
 4. ``rnn`` (``rnn_updates``, ``update_rnn``): M on windows of ``rnn_seq_len + 1`` latents.
 5. ``evolve`` (``generations``): one CMA-ES generation per call over the controller's 867
-   numbers, in a pool of ``population x episodes`` envs reset for the generation (one group
-   per candidate; only the reset is a host call) or, with ``controller.train_in=dream``,
-   inside M at ``dream.temperature``.
+   numbers, in a pool of ``population x episodes`` envs reset for the generation or, with
+   ``controller.train_in=dream``, inside M at ``dream.temperature``.
 
-What the run shows besides the losses: every encode call, 8 frames above V's
-reconstructions (``vae/reconstructions``, a PNG); every ``video_every`` generations, M's dream
-of a real stretch beside the real frames (``rnn/dream_vs_real``, a GIF), and CMA-ES's best,
-mean and spread of returns and its step size (``cma/*``). The loop then evaluates, in the
-real env, the controller at the mean of the search distribution, with V and M
-(``eval.num_episodes``: 100 for ``carracing``, as the paper). Exact resume holds in every
-phase: the learners and the evolution state are in the checkpoint, the artifacts are cut
-back to it, and a generation after a resume sees the episodes an uninterrupted run's does
-(``acting.NumberedResets``). Several seeds in one process and asynchronous pools are
-refused (``ENTRY``'s capabilities say why).
+Shown besides the losses: ``vae/reconstructions``, ``rnn/dream_vs_real`` (M's dream beside
+the real frames, every ``video_every`` generations), ``cma/*``. The loop evaluates the mean
+controller in the real env. Exact resume in every phase: learners and evolution state are
+checkpointed, artifacts cut back to it, a resumed generation sees the uninterrupted run's
+episodes (``acting.NumberedResets``). Several processes: each collects its share of the envs,
+writes every process's rows (``acting.gather_processes``) to its own copy of the artifacts
+(so all read the same batches) and runs real-env generations whole, in its own pool.
 """
 
 from __future__ import annotations
@@ -42,7 +35,7 @@ from flax import struct
 from jaxwm import parallel
 from jaxwm.agents import cma_es
 from jaxwm.agents.worldmodels import Agent, Learner, brownian
-from jaxwm.algos import NO_ASYNC_POOL, NO_ITERATIONS, NO_PROCESSES, Capabilities, Entry
+from jaxwm.algos import NO_ASYNC_POOL, NO_ITERATIONS, Capabilities, Entry
 from jaxwm.config import ConfigError, require
 from jaxwm.envs import acting, make_env
 from jaxwm.envs.types import ActionBox
@@ -133,8 +126,7 @@ def build(config) -> Algorithm:
 
     def record(params, start, steps, final, completed):
         del params, start
-        return final.carry, (agent.frame_rows(steps), acting.episode_metrics_by_group(
-            completed, 1))
+        return final.carry, (agent.frame_rows(steps), acting.episode_metrics(completed))
 
     explore = acting.uniform(env.spec) if w.collect_policy == "random" else brownian(env.spec)
     collector = acting.Actor(env, explore, w.rollout_steps, finish=record)
@@ -142,6 +134,7 @@ def build(config) -> Algorithm:
     def collect_hook(state, data, key):
         del data
         actor, (rows, metrics) = collector.collect((), state.actor, key)
+        rows, metrics = acting.gather_processes(rows, metrics, agent.join_processes)
         return state.replace(actor=actor), {"frames": rows}, metrics
 
     # ---- V and M
@@ -163,16 +156,20 @@ def build(config) -> Algorithm:
 
     def init(key):
         k_vae, k_rnn, k_es = jax.random.split(key, 3)
-        learners = parallel.replicate(agent.init(k_vae, k_rnn), compiler.mesh)
-        return WorldModelsState(*learners, evolution.init(k_es), collector.init(()))
+        learners, es = parallel.replicate((agent.init(k_vae, k_rnn), evolution.init(k_es)),
+                                          compiler.mesh)
+        return WorldModelsState(*learners, es, collector.init(()))
 
     frame_row, latent_row = agent.row_examples()
+    # Every read is the same rows on every process (artifacts.py), so one value for the mesh.
+    place = partial(parallel.replicate, mesh=compiler.mesh)
     artifacts = {
-        "frames": Artifact(frame_row, batch=w.vae_batch),  # random batches for V
+        "frames": Artifact(frame_row, batch=w.vae_batch, place=place),  # random batches for V
         # the same file in order, after the rows already encoded
         "frames_in_order": Artifact(frame_row, batch=w.encode_batch, after="latents",
-                                    view_of="frames"),
-        "latents": Artifact(latent_row, batch=w.rnn_batch, length=w.rnn_seq_len + 1),
+                                    view_of="frames", place=place),
+        "latents": Artifact(latent_row, batch=w.rnn_batch, length=w.rnn_seq_len + 1,
+                            place=place),
     }
     counts = hook_counts(config)
 
@@ -210,12 +207,15 @@ def evolution_hook(config, agent: Agent, evolution: cma_es.Evolution, compiler):
         # Reset once per generation; generation g always sees the pool's start g, resumed or not.
         pool = acting.NumberedResets(make_env(config.env, num_envs=ctl.population * ctl.episodes,
                                               seed=config.seed + 100_000))
-        generation = agent.real_generation(evolution, pool.env, ctl.episodes, ctl.max_steps)
+        one_device = compiler.mesh.size == 1
+        generation = compiler.function(agent.real_generation(
+            evolution, pool.env, ctl.episodes, ctl.max_steps), donate_argnums=0 if one_device else ())
+        if not one_device:  # envpool's steps are host calls of one device: this process's
+            generation = parallel.on_local_device(generation, compiler.mesh)
     else:
         pool = None
-        generation = agent.dream_generation(evolution, ctl.episodes, ctl.max_steps,
-                                            config.dream.temperature)
-    generation = compiler.function(generation, donate_argnums=0)
+        generation = compiler.function(agent.dream_generation(
+            evolution, ctl.episodes, ctl.max_steps, config.dream.temperature), donate_argnums=0)
 
     def evolve_hook(state, data, key):
         key, k_video = jax.random.split(key)
@@ -245,6 +245,6 @@ ENTRY = Entry(
                                   "worldmodels.encode_batch": c.worldmodels.encode_batch},
         cannot={"seeds": "its phase artifacts (frames, latents) hold one run's data; run one "
                          "seed per process (--config.seed=S)",
-                "processes": NO_PROCESSES, "async_pool": NO_ASYNC_POOL, "iterations":
-                NO_ITERATIONS, "jax_envs": "its VAE takes CarRacing's 64x64 frames"}),
+                "async_pool": NO_ASYNC_POOL, "iterations": NO_ITERATIONS,
+                "jax_envs": "its VAE takes CarRacing's 64x64 frames"}),
     resumable=("worldmodels.vae_lr", "worldmodels.rnn_lr", "worldmodels.rnn_grad_clip"))

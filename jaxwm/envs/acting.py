@@ -429,6 +429,17 @@ def make_pool(config):
 
 
 
+def gather_processes(rows, metrics, join: Callable):
+    """Every process's ``rows`` and episode ``metrics`` of a collect as one process stepping
+    all their envs would have them: gathered (``parallel.allgather``, leaves ``[processes,
+    ...]``), the rows laid out by ``join`` (e.g. ``replay.join_processes``), the episodes
+    merged; both as they are with one process."""
+    if jax.process_count() == 1:
+        return rows, metrics
+    rows, metrics = parallel.allgather((rows, metrics))
+    return join(rows), merge_episode_metrics(metrics)
+
+
 def process_key(key):
     """``key`` for this process's envs: independent action noise in each process of a
     multi-process run (every process is given the loop's one key); ``key`` itself in one."""
@@ -591,10 +602,8 @@ class Actor:
         if self.warmup_transitions:
             params = (random, params)
         actor, (rows, metrics) = self.collect(params, actor, key)
-        if jax.process_count() > 1:  # every process's envs, as one process's pool
-            rows, metrics = parallel.allgather((rows, metrics))
-            rows, metrics = replay.join_processes(rows, self.num_steps), \
-                merge_episode_metrics(metrics)
+        rows, metrics = gather_processes(
+            rows, metrics, lambda rows: replay.join_processes(rows, self.num_steps))
         if self.mesh is not None:
             rows = parallel.replicate(rows, self.mesh)
         replay, size = self._add(replay, rows)

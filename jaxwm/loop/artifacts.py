@@ -29,6 +29,12 @@ files and hooks stay pure:
   first). A resumed run truncates the files to those counts, so rows written after the
   checkpoint (before a crash) are written again, not twice. Files are never part of a
   checkpoint.
+* **Several processes.** Every process keeps its own copy of every artifact, under
+  ``artifacts/process-<i>``, and writes every row to it: a hook's rows are the whole run's
+  (its outputs are global arrays, fetched whole with ``parallel.host_value``, or rows the
+  algorithm gathered from every process), so the copies hold the same rows and a read, drawn
+  from the call's key, is the same batch on every process. HDF5 allows one writer per file
+  (h5py locks it), and a copy per process also serves hosts that do not share a disk.
 
 Why HDF5 through h5py (already the dataset loader's dependency) rather than flashbax's Vault:
 Vault stores a buffer state as tensorstore arrays and reads back contiguous time ranges only
@@ -49,6 +55,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from jaxwm import parallel
 from jaxwm.config import ConfigError
 
 CHUNK_BYTES = 1 << 20  # about a MiB of rows per HDF5 chunk
@@ -133,8 +140,8 @@ class ArtifactFile:
         ``{"rows": tree, "mask": bool[n]}``."""
         mask = None
         if isinstance(rows, Mapping) and set(rows) == {"rows", "mask"}:
-            rows, mask = rows["rows"], np.asarray(rows["mask"], bool)
-        leaves = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(rows))]
+            rows, mask = rows["rows"], parallel.host_value(rows["mask"]).astype(bool)
+        leaves = jax.tree.leaves(parallel.host_value(rows))
         if mask is not None:
             leaves = [x[mask] for x in leaves]
         n, start = leaves[0].shape[0], self.rows
@@ -208,11 +215,14 @@ class ArtifactFile:
 
 
 class Artifacts:
-    """The artifacts of a run, under ``<workdir>/artifacts``: ``start`` brings them to a fresh
-    run's state or a checkpoint's, ``state_dict`` records them in a checkpoint."""
+    """The artifacts of a run, under ``<workdir>/artifacts`` (``artifacts/process-<i>`` in
+    each process of several): ``start`` brings them to a fresh run's state or a checkpoint's,
+    ``state_dict`` records them in a checkpoint."""
 
     def __init__(self, workdir: str, declared: Mapping[str, Artifact]):
         self.directory = os.path.join(workdir, "artifacts")
+        if jax.process_count() > 1:
+            self.directory = os.path.join(self.directory, f"process-{jax.process_index()}")
         self.declared = dict(declared)
         self.files: dict[str, ArtifactFile] = {}
         if declared:
