@@ -15,7 +15,7 @@ then does.
 Fake devices per process (CPU): ``--devices_per_process=2`` sets
 ``XLA_FLAGS=--xla_force_host_platform_device_count=2``. On a cluster the scheduler starts
 the processes instead, and JAX reads the same three values from it (Slurm: ``srun`` with one
-task per process; see the README).
+task per process; docs/user_guide.md, "Scaling across devices and processes").
 """
 
 from __future__ import annotations

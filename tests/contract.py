@@ -8,8 +8,8 @@ checked by registering it:
 * ``check_exact_resume``: stopped by a signal inside every phase (mid-cycle where nothing is
   passed between hooks) and resumed each time through the trainer and its checkpoints, a
   run ends exactly where one that never stopped ends, given that both restart their envs at
-  the same calls (envpool cannot save them: README, "Resuming"; a JAX env's are saved and
-  never restart);
+  the same calls (envpool cannot save them: docs/user_guide.md, "Resuming and recovery"; a
+  JAX env's are saved and never restart);
 * ``check_loads_and_acts``: the finished run loads (``jaxwm.load``) with the policy's
   parameters it ended with, acts on an observation (twice, carrying its carry), evaluates
   an episode, imagines with its world model where it has one, and leaves the run directory
@@ -231,11 +231,11 @@ def assert_trees_equal(a, b, what: str, rtol: float = 0.0, atol: float = 0.0) ->
 def check_exact_resume(entry, config, workdir: str) -> None:
     """Stopped by a signal inside every phase and resumed each time, through the trainer and
     its checkpoints, a run ends exactly where one that never stopped ends. Envpool cannot save
-    its envs, so a resume restarts them (README, "Resuming"): where calls to come still act
-    in an env, the run that never stopped gets fresh envs at the same call (another instance
-    of the algorithm, as a resume does); where none does, it goes on in the same instance,
-    so that state an instance keeps outside the checkpoint (an env pool's position, say)
-    must survive the resume too."""
+    its envs, so a resume restarts them (docs/user_guide.md, "Resuming and recovery"): where
+    calls to come still act in an env, the run that never stopped gets fresh envs at the same
+    call (another instance of the algorithm, as a resume does); where none does, it goes on
+    in the same instance, so that state an instance keeps outside the checkpoint (an env
+    pool's position, say) must survive the resume too."""
     probe = entry.build(config)
     try:
         stops = Drive.start(config, probe).stops_in_every_phase()

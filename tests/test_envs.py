@@ -399,7 +399,7 @@ def test_render_frames_only_where_asked():
 
 def test_pools_seeded_one_apart_share_all_but_one_env():
     """envpool seeds env i of a pool with seed + i: what ``report.runs.env_streams`` and the
-    README's advice to space separate runs' seeds rest on."""
+    user guide's advice ("Several seeds in one process") to space separate runs' seeds rest on."""
     first = _make(num_envs=4, seed=1, id="Pendulum-v1").reset().obs
     second = _make(num_envs=4, seed=2, id="Pendulum-v1").reset().obs
     np.testing.assert_array_equal(first[1:], second[:-1])

@@ -9,8 +9,9 @@ resumed with a longer schedule. Every fault must end in one of two ways:
   checkpoints that could not be read are in ``unreadable_checkpoints/``, not deleted;
 * a one-line refusal, with every file left where it was.
 
-In both, ``metrics.jsonl`` never holds a step twice. The README's fault matrix is this file's
-``FAULTS`` table. Seeded: which bytes are flipped comes from ``np.random.default_rng(0)``.
+In both, ``metrics.jsonl`` never holds a step twice. The user guide's fault matrix
+(docs/user_guide.md) is this file's ``FAULTS`` table. Seeded: which bytes are flipped comes
+from ``np.random.default_rng(0)``.
 """
 
 from __future__ import annotations

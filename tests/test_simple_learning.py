@@ -1,7 +1,7 @@
 """SimPLe learning checks (``slow``): the tiny world model learns real Pong frames, a
 balanced reward strategy finds the rare reward class that joint training misses, and a policy
 trained only inside the learned model beats random play in the real game. Budgets and
-thresholds are stated in each test and in README.md ("Tests"); they run the whole schedule
+thresholds are stated in each test and in docs/user_guide.md ("Tests"); they run the whole schedule
 through ``jaxwm.runner`` and read the run's ``metrics.jsonl``."""
 
 import json
@@ -106,13 +106,13 @@ def test_a_policy_trained_only_in_the_model_beats_random_play_in_the_real_game(t
     evaluation) can produce a policy that beats random play, not that every seed does.
     With SimPLe's entropy coefficient 0.01 the policy sharpened onto DOWN-type moves that the
     model credits without the UP that must come first, and fell far below random in two of
-    five runs (seed 2 853, seed 3 1306; seed 1 passed twice, 3106 against 2731); README,
-    "SimPLe and MBARC".
+    five runs (seed 2 853, seed 3 1306; seed 1 passed twice, 3106 against 2731):
+    docs/notes/2026-11-27-simple-atari-in-model-policy.md.
     On another host (2026-11-28, Intel Xeon, same code) seed 6 with exactly these settings
     scored 3197 against 2694, 5.2 standard errors above, where it had scored 1753: a seed's
     outcome is not the same on every machine, so seed 2 may fail elsewhere. Why it is a draw
-    (README, "SimPLe and MBARC"): at this budget the model never renders the climber
-    climbing, so the rhythm that pays (UPs, then DOWN) earns nothing in it."""
+    (the same note): at this budget the model never renders the climber climbing, so the
+    rhythm that pays (UPs, then DOWN) earns nothing in it."""
     settings = {"env.id": "CrazyClimber-v5", "env.max_episode_steps": 1000,
                 "env.img_height": 52, "env.img_width": 40, "env.num_envs": 8,
                 "simple.random_steps": 8192, "simple.collect_per_epoch": 4096,

@@ -65,7 +65,7 @@ def get_config(variant: str = "pendulum") -> ml_collections.ConfigDict:
         c.checkpoint.every = "10000 agent_updates"
         c.eval.every = "20000 agent_updates"
     elif variant in ("pendulum", "reacher"):
-        # CPU sizes, and what a CPU budget needs (measured, README "Diffusion policy"): lr 1e-3
+        # CPU sizes, and what a CPU budget needs (measured, docs/diffusion.md): lr 1e-3
         # (at 1e-4, 3000 updates ended near random).
         c.diffusion.update(down_dims=(32, 64, 128), step_embed_dim=32, mlp_hidden=(256, 256),
                            batch_size=128, learning_rate=1e-3, sampler="ddim",

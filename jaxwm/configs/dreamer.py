@@ -123,7 +123,7 @@ def get_config(variant: str = "debug") -> ml_collections.ConfigDict:
         # steps (gamma 0.99, official 333, with which the critic was still rising at 50k
         # steps). The runs: benchmarks/results/learning_cpu.md. craftax_cpu: the same on
         # Craftax-Classic's symbolic observations (in JAX) for 100k steps, a CPU learning
-        # check in about 35 min of 2 cores; its runs: the same file.
+        # check; its runs: the same file.
         crafts = variant == "craftax_cpu"
         c.env.id = "craftax:Craftax-Classic-Symbolic-v1" if crafts else "CartPole-v1"
         c.env.num_envs = 4

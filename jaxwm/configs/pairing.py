@@ -61,7 +61,7 @@ FIELDS = {
         "start_batch": ("> 0", "Replayed sequences whose model states start the dreams."),
     }),
 }
-# DreamerV3's size1m with narrower layers: seconds per hundred updates on 2 cores.
+# DreamerV3's size1m with narrower layers, small enough for CPU learning checks.
 SMALL = dict(deter=128, hidden=64, classes=8, units=64, depth=4)
 TINY = dict(deter=8, hidden=8, classes=4, units=8, depth=2)
 

@@ -3,7 +3,7 @@
 jaxwm train --config=worldmodels:carracing
 jaxwm train --config=worldmodels:carracing \\
     --config.controller.train_in=dream --config.dream.temperature=1.15
-jaxwm train --config=worldmodels:carracing_cpu  # ~45 min on 2 CPU cores
+jaxwm train --config=worldmodels:carracing_cpu  # under an hour on 2 CPU cores
 jaxwm train --config=worldmodels:tiny      # minutes on a CPU
 jaxwm train --config=worldmodels:tiny --config.controller.population=16
 
@@ -31,7 +31,7 @@ from jaxwm.config import base_config, prefixed
 
 SUMMARIES = {
     "carracing": "The paper's CarRacing recipe (Ha & Schmidhuber 2018): days of compute",
-    "carracing_cpu": "The recipe cut to a CPU budget: ~45 min on 2 cores",
+    "carracing_cpu": "The recipe cut to a CPU budget: under an hour on 2 cores",
     "tiny": "Every phase in minutes on a CPU",
 }
 VARIANTS = tuple(SUMMARIES)
@@ -104,7 +104,7 @@ def get_config(variant: str = "carracing") -> ml_collections.ConfigDict:
     if tiny:
         w.vae_epochs = 1
     cpu = variant == "carracing_cpu"
-    if cpu:  # the slow learning test's budget: ~45 min on 2 shared CPU cores
+    if cpu:  # the slow learning test's budget (tests/test_worldmodels_learning.py)
         c.env.num_envs = 8
         w.rollouts, w.vae_batch, w.vae_epochs = 32, 32, 1
         w.rnn_batch, w.rnn_seq_len, w.rnn_updates = 16, 200, 500

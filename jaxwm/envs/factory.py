@@ -78,7 +78,7 @@ def make_env(env_config: Mapping[str, Any], num_envs: int, seed: int, *,
 
     ``render``: build envpool's renderer, for an env that records video (evaluation). Off
     for training envs: envpool's ``render_mode="rgb_array"`` keeps a full-size RGB frame per
-    env and step, about 25% of raw Atari throughput on 2 cores (``benchmarks/ppo_throughput.py``,
+    env and step, a sizeable share of raw Atari throughput (``benchmarks/ppo_throughput.py``,
     the env-path audit rows). MuJoCo and DMC envs render through EGL
     (``jaxwm.envs.mujoco_video``), checked here by one rendered frame: a ``ConfigError`` line
     saying what to install where that fails.

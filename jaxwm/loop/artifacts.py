@@ -38,7 +38,7 @@ files and hooks stay pure:
 
 Why HDF5 through h5py (already the dataset loader's dependency) rather than flashbax's Vault:
 Vault stores a buffer state as tensorstore arrays and reads back contiguous time ranges only
-(random rows need its private handles), while h5py reads single rows in ~1 ms and windows as
+(random rows need its private handles), while h5py reads single rows quickly and windows as
 contiguous slices. Rows are chunked ``CHUNK_BYTES`` at a time; reads go row by row (sorted),
 which h5py serves far faster than one fancy-indexed read.
 """

@@ -32,8 +32,8 @@ checkpoints move freely between backends and implementations.
 One more XLA rewrite is kept out: after folding a zero pad into a convolution,
 ``ConvOperandSwapper`` swaps input and kernel whenever the kernel covers more positions than
 the unpadded input has (a 3x3 kernel over SimPLe's 3x2 bottleneck), and XLA:CPU runs the
-swapped convolution about a hundred times slower (``benchmarks/README.md``, SimPLe). ``pad``
-keeps such a pad a pad.
+swapped convolution far slower (``benchmarks/README.md``, SimPLe). ``pad`` keeps such a pad
+a pad.
 
 Transposed convolutions (the decoders of pixel world models, SimPLe's next-frame predictor
 stepped in a scan) are written the same way: ``conv_transpose`` computes PyTorch's
@@ -68,8 +68,8 @@ def pad(x: jax.Array, low: int, high: int, kernel: int) -> jax.Array:
     Where the kernel covers more positions than ``x`` has, the padded input goes through an
     optimisation barrier: XLA would fold the pad into the convolution and then, by
     ``ConvOperandSwapper``'s rule (kernel area > input area), swap input and kernel, which
-    XLA:CPU runs about a hundred times slower (580 ms against 6 ms for SimPLe's 3x3 middle
-    layers over 3x2 maps at batch 16). The barrier costs one copy of a map that small."""
+    XLA:CPU runs far slower (SimPLe's 3x3 middle layers over 3x2 maps). The barrier costs one
+    copy of a map that small."""
     if not (low or high):
         return x
     padded = jnp.pad(x, ((0, 0), (low, high), (low, high), (0, 0)))
