@@ -62,12 +62,39 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _commit() -> str:
+    """The commit measured: ``JAXWM_COMMIT`` where the tree was copied without its git folder
+    (benchmarks/gpu.sh on a device machine), else git's HEAD, marked ``+changes`` when the
+    working tree differs from it."""
+    if os.environ.get("JAXWM_COMMIT"):
+        return os.environ["JAXWM_COMMIT"]
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return (head + ("+changes" if dirty else "")) or "unknown"
+
+
+def _gpu_driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
 def hardware() -> dict:
-    """What the numbers were measured on: backend, devices, CPU, library versions, date."""
+    """What the numbers were measured on: backend, devices, CPU, library versions, the commit,
+    date (and the driver on a GPU)."""
     import envpool
     import jaxlib
 
     devices = jax.devices()
+    driver = _gpu_driver() if jax.default_backend() == "gpu" else None
     return {
         "platform": platform.platform(),
         "backend": jax.default_backend(),
@@ -80,6 +107,8 @@ def hardware() -> dict:
         "jaxlib": jaxlib.__version__,
         "envpool": envpool.__version__,
         "python": platform.python_version(),
+        "commit": _commit(),
+        **({"driver": driver} if driver else {}),
         "date": datetime.date.today().isoformat(),
     }
 
@@ -89,7 +118,8 @@ def hardware_line(hw: dict) -> str:
     return (f"{', '.join(hw['device_kinds'])} x{hw['device_count']} (backend {hw['backend']}); "
             f"CPU {hw['cpu']}, {hw['logical_cores']} logical cores; jax {hw['jax']} "
             f"(jaxlib {hw['jaxlib']}), envpool {hw['envpool']}, Python {hw['python']}; "
-            f"{hw['platform']}; {hw['date']}")
+            + (f"driver {hw['driver']}; " if hw.get("driver") else "")
+            + f"{hw['platform']}; commit {hw.get('commit', 'unknown')}; {hw['date']}")
 
 
 # ----------------------------------------------------------------------------- timing

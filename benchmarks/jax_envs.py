@@ -383,9 +383,17 @@ def learning(args) -> None:
                          "finals": [round(f, 2) for f in finals]})
         ax.set(title=f"gymnax:{game}", xlabel="env steps per seed", ylabel="training return")
         ax.legend()
+        # written after each game, so a run cut short keeps the games it finished
+        write_learning(args, rows, fig, budget)
+
+
+def write_learning(args, rows: list, fig, budget: int) -> None:
+    """The learning rows' results file and figure (``learning``)."""
     fig.tight_layout()
-    figure = os.path.join(common.ROOT, "docs", "figures",
-                          "jax_envs_minatar" + ("_quick" if args.quick else "") + ".png")
+    backend = common.hardware()["backend"]  # the CPU figure keeps its name; others get theirs
+    figure = os.path.join(common.ROOT, "docs", "figures", "jax_envs_minatar"
+                          + ("" if backend == "cpu" else f"_{backend}")
+                          + ("_quick" if args.quick else "") + ".png")
     fig.savefig(figure, dpi=110)
     notes = [f"PPO at PureJaxRL's MinAtar settings (ppo:minatar: 64 envs x 128 steps, lr 5e-3 "
              f"annealed, 8 minibatches, relu MLP on the flattened frames), {budget:,} env steps "
