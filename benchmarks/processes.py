@@ -14,7 +14,7 @@ an update; in a collect, the all-gather of every process's new transitions into 
 On a machine with several GPUs, the rows to add are 1, 2, 4 processes of one GPU each
 (``--devices_per_process=0``), where the collectives run over NCCL instead.
 
-    python benchmarks/processes.py            # ~12 min on 2 CPU cores
+    python benchmarks/processes.py            # ~55 min on 2 CPU cores
     python benchmarks/processes.py --quick    # smoke run (~4 min)
 """
 
