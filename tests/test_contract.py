@@ -1,7 +1,15 @@
 """The contract suite: every registered algorithm, on its tiny config, keeps the contract
 (``tests/contract.py``): exact resume mid-run, donation, 1 vs 4 devices, N seeds = N runs,
 one-line errors for bad configs. A new algorithm gets these checks by registering in
-``jaxwm.algos.REGISTRY``; the last test shows that the suite fails on a broken one."""
+``jaxwm.algos.REGISTRY``; the last test shows that the suite fails on a broken one.
+
+The default suite runs every entry's first tiny config through every check, and each
+mechanism beyond those once: a JAX env's state in the checkpoint on PPO (on-policy) and SAC
+(replay), the one-program ``iterate`` on PPO, several processes on SAC. The rest (an entry's
+other tiny configs, such as the pairings' and SimPLe's MinAtar one, and the other algorithms'
+JAX-env and process cases) carry the ``slow`` marker: run them with
+``python -m pytest -m '' tests/test_contract.py`` after a change to an algorithm they cover
+(docs/user_guide.md, "Tests")."""
 
 
 import dataclasses
@@ -22,11 +30,11 @@ from jaxwm.loop.algorithm import Algorithm, Hook, drop_actors
 NAMES = algos.names()
 
 
-def marks(spec: str) -> list:
-    """A tiny config on MuJoCo Playground is slow (MJX compiles for about a minute at every
-    build) and needs the playground extra."""
+def marks(name: str, spec: str) -> list:
+    """An entry's other tiny configs are slow (see the module's docstring); one on MuJoCo
+    Playground also needs the playground extra (MJX compiles for about a minute a build)."""
     if "playground" not in spec:
-        return []
+        return [] if spec == algos.get(name).tiny else [pytest.mark.slow]
     missing = importlib.util.find_spec("mujoco_playground") is None
     why = "needs MuJoCo Playground: pip install -e '.[dev]' (its playground extra)"
     return [pytest.mark.slow, pytest.mark.skipif(missing, reason=why)]
@@ -35,7 +43,7 @@ def marks(spec: str) -> list:
 # Every tiny config of every entry (the pairings have one per pairing; some one on a JAX env),
 # as (name, config).
 CASES = [pytest.param(name, spec, id=name if spec == algos.get(name).tiny else
-                      f"{name}-{spec.split(':')[-1]}", marks=marks(spec))
+                      f"{name}-{spec.split(':')[-1]}", marks=marks(name, spec))
          for name in NAMES for spec in algos.get(name).tiny_configs]
 
 
@@ -130,7 +138,9 @@ def runs_gymnax(entry) -> bool:
 
 
 # Those that take JAX envs and have no tiny config on gymnax: their tiny config on gymnax.
-JAX_ENV_CASES = [pytest.param(name, id=name) for name in NAMES
+DEFAULT_JAX_ENV_CASES = ("ppo", "sac")  # on-policy and replay; the others slow
+JAX_ENV_CASES = [pytest.param(name, id=name, marks=[] if name in DEFAULT_JAX_ENV_CASES
+                              else [pytest.mark.slow]) for name in NAMES
                  if "jax_envs" not in algos.get(name).capabilities.cannot
                  and not runs_gymnax(algos.get(name))]
 
@@ -159,7 +169,9 @@ def test_the_resume_check_fails_when_the_jax_env_state_is_dropped(tmp_path):
 
 # The tiny configs reach their train phase's ``iterate`` after 8 collects (PPO's has no
 # earlier phase; TD-MPC2's runs 32 pretraining updates after them, DreamerV3's none).
-@pytest.mark.parametrize("name, calls", [("ppo", 2), ("tdmpc2", 42), ("dreamer", 10)])
+@pytest.mark.parametrize("name, calls", [("ppo", 2),
+                                         pytest.param("tdmpc2", 42, marks=pytest.mark.slow),
+                                         pytest.param("dreamer", 10, marks=pytest.mark.slow)])
 def test_one_program_on_a_jax_env_agrees_on_four_devices_and_trains_seeds_as_runs(name, calls):
     """PPO's, TD-MPC2's and DreamerV3's ``iterate`` (collection and updates in one program,
     two rounds a call): the same on 1 and 4 devices, and N vmapped seeds are N runs."""
