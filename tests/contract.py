@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 import jaxwm.config
 from jaxwm import algos, parallel, runner
@@ -483,6 +484,7 @@ PROCESSES_SCRIPT = textwrap.dedent("""
     drive = contract.Drive.start(config, algorithm).run(1)
     online = "collect" in algorithm.hooks
     first = contract.first_step_obs(drive, config.env.num_envs) if online else None
+    flow = dict(drive.flow)  # what the first collect hands the update (PPO's rollout)
     # An algorithm whose phases write artifacts runs every phase (its tiny config is short),
     # so that every hook reads something.
     writes_artifacts = any(set(h.writes) & set(algorithm.artifacts)
@@ -491,18 +493,24 @@ PROCESSES_SCRIPT = textwrap.dedent("""
     updated = {{}}
     if online:  # the 1-process run's state and inputs through every update hook once
         key = jax.random.PRNGKey(7)
-        hooks = {{name: hook for name, hook in algorithm.hooks.items()  # reads only artifacts
+        hooks = {{name: hook for name, hook in algorithm.hooks.items()  # reads artifacts, flow
                   if name not in ("collect", "iterate")
-                  and set(hook.reads) <= set(algorithm.artifacts)}}
+                  and set(hook.reads) <= set(algorithm.artifacts) | set(flow)}}
         path = {path!r}
         if jax.process_count() == 1:
             inputs = {{name: parallel.host_value(contract.hook_inputs(
-                algorithm, hook, {{}}, drive.artifacts, key)) for name, hook in hooks.items()}}
+                algorithm, hook, flow, drive.artifacts, key)) for name, hook in hooks.items()}}
             with open(path, "wb") as f:
                 pickle.dump((contract.persistent(algorithm, state), inputs), f)
         else:
             with open(path, "rb") as f:
-                saved, inputs = parallel.replicate(pickle.load(f), parallel.data_mesh())
+                saved, inputs = pickle.load(f)
+            shared = {{name: {{k: v for k, v in read.items() if k not in flow}}
+                      for name, read in inputs.items()}}
+            saved, shared = parallel.replicate((saved, shared), parallel.data_mesh())
+            inputs = {{name: {{**shared[name], **{{k: contract.process_share(v, config.env.num_envs)
+                                               for k, v in read.items() if k in flow}}}}
+                      for name, read in inputs.items()}}
             state = algorithm.on_restore(state, saved)
         for name, hook in hooks.items():
             state, _, _ = hook.fn(state, inputs[name], key)
@@ -516,19 +524,33 @@ PROCESSES_SCRIPT = textwrap.dedent("""
 """)
 
 
+def process_share(value, num_envs: int):
+    """This process's share of a collect's output for every env (env axis first): its own
+    envs' rows, as its collect hands them to the update in a run of several processes."""
+    share, i = num_envs // jax.process_count(), jax.process_index()
+    return jax.tree.map(lambda x: x[i * share:(i + 1) * share]
+                        if np.ndim(x) and np.shape(x)[0] == num_envs else x, value)
+
+
 def first_step_obs(drive: Drive, num_envs: int):
     """The observations every env started from after one collect (they depend on the envs'
-    seeds alone, not on any action): as the replay holds them, or, for an algorithm that
-    collects into a phase artifact, each env's first row of its ``obs`` or ``frame`` (a
-    collect writes its rows env by env)."""
+    seeds alone, not on any action), wherever the collect put them: the replay (``obs``, or
+    ``frame`` for a pixel world model's), a phase artifact (each env's first row: a collect
+    writes its rows env by env), or an on-policy rollout passed to the update ([envs, steps])."""
     replay = getattr(drive.state, "replay", None)
-    if replay is None:
-        (file,) = [drive.artifacts.files[out] for out in drive.algorithm.hooks["collect"].writes]
-        rows = parallel.host_value(file.whole())
+    if replay is not None:
+        data = replay.data["obs" if "obs" in replay.data else "frame"]
+        obs = jax.device_get(parallel.local_replica(data, jax.local_devices()[0]))
+        return obs[:num_envs] if isinstance(replay, TransitionReplay) else obs[0]
+    (out,) = drive.algorithm.hooks["collect"].writes
+    if out in drive.artifacts.files:
+        rows = parallel.host_value(drive.artifacts.files[out].whole())
         frames = rows["obs"] if "obs" in rows else rows["frame"]
         return frames.reshape((num_envs, -1) + frames.shape[1:])[:, 0]
-    obs = jax.device_get(parallel.local_replica(replay.data["obs"], jax.local_devices()[0]))
-    return obs[:num_envs] if isinstance(replay, TransitionReplay) else obs[0]
+    first = parallel.host_value(drive.flow[out].obs)[:, 0]
+    if len(first) < num_envs:  # each process holds its own envs' rollout, in process order
+        first = np.asarray(multihost_utils.process_allgather(first, tiled=True))
+    return first
 
 
 def communicate_all(processes: list[subprocess.Popen], timeout: float) -> list:
