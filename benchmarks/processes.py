@@ -11,11 +11,13 @@ call with 2 processes are its cross-process collectives (the all-reduce of the g
 an update; in a collect, the all-gather of every process's new transitions into the replay,
 ``Actor.collect_into``) plus the two processes sharing 2 cores.
 
-On a machine with several GPUs, the rows to add are 1, 2, 4 processes of one GPU each
-(``--devices_per_process=0``), where the collectives run over NCCL instead.
+On a machine with several GPUs, ``--gpus N`` compares 1 process of N GPUs with N processes of
+one GPU each (``jaxwm launch --gpus_per_process``), the collectives over NCCL, each case's envs
+scaled by N / 2 so that every process steps as many as on the CPU rows.
 
     python benchmarks/processes.py            # ~55 min on 2 CPU cores
     python benchmarks/processes.py --quick    # smoke run (~4 min)
+    python benchmarks/processes.py --gpus 2   # on a machine with 2 GPUs
 """
 
 from __future__ import annotations
@@ -40,11 +42,14 @@ COMMON = ["--config.eval.every=never", "--config.eval.at_end=False",
           "--config.checkpoint.every=never", "--config.log.progress=False"]
 
 
-def run(config: str, overrides: list[str], processes: int) -> list[dict]:
-    """One ``jaxwm launch`` of ``processes`` x (2 / processes) CPU devices: its metrics rows."""
+def run(config: str, overrides: list[str], processes: int, devices: int, gpus: bool) -> list[dict]:
+    """One ``jaxwm launch`` of ``processes`` x (``devices`` / processes) CPU devices or GPUs:
+    its metrics rows."""
+    per_process = ("--gpus_per_process=" if gpus else "--devices_per_process=") + \
+        str(devices // processes)
     with tempfile.TemporaryDirectory() as workdir:
         command = [sys.executable, "-m", "jaxwm.launch", f"--num_processes={processes}",
-                   f"--devices_per_process={2 // processes}", "--", f"--config={config}",
+                   per_process, "--", f"--config={config}",
                    f"--workdir={workdir}", *overrides, *COMMON]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         if done.returncode:
@@ -65,29 +70,44 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def scaled_envs(overrides: list[str], factor: int) -> list[str]:
+    """``overrides`` with ``env.num_envs`` (where set) multiplied by ``factor``."""
+    key = "--config.env.num_envs="
+    return [f"{key}{int(o[len(key):]) * factor}" if o.startswith(key) else o for o in overrides]
+
+
 def main() -> None:
-    args = parser(__doc__, repeats=2).parse_args()
+    p = parser(__doc__, repeats=2)
+    p.add_argument("--gpus", type=int, default=0,
+                   help="N >= 2: 1 process of N GPUs against N processes of one (default: the "
+                        "CPU rows, 2 fake devices)")
+    args = p.parse_args()
+    if args.gpus == 1 or args.gpus < 0 or args.gpus % 2:
+        p.error(f"--gpus {args.gpus}: pass an even number of GPUs, at least 2")
+    devices = args.gpus or 2
     repeats = 1 if args.quick else args.repeats
     rows = []
     for name, (config, overrides, steps) in CASES.items():
         steps = steps // 4 if args.quick else steps
-        filled = [f"--config.total_env_steps={steps}", *overrides]
-        runs = {1: [], 2: []}
+        filled = [f"--config.total_env_steps={steps}", *scaled_envs(overrides, devices // 2)]
+        runs = {1: [], devices: []}
         for _ in range(repeats):  # interleaved: both see the same machine state
-            for processes in (1, 2):
-                runs[processes].append(summary(run(config, filled, processes)))
+            for processes in runs:
+                runs[processes].append(summary(run(config, filled, processes, devices,
+                                                   gpus=bool(args.gpus))))
                 print(name, processes, runs[processes][-1], flush=True)
         one = median([r["env_steps_per_s"] for r in runs[1]])
         for processes, results in runs.items():
             row = {"algorithm": name, "config": config, "processes": processes,
-                   "devices_per_process": 2 // processes, "env_steps": steps}
+                   "devices_per_process": devices // processes, "env_steps": steps}
             for key in results[0]:
                 row[key] = median([r.get(key, float("nan")) for r in results])
             row["vs_1_process"] = row["env_steps_per_s"] / one
             rows.append(row)
     notes = [
-        "Same machine, same run of this script, 1 and 2 processes interleaved; 2 CPU devices "
-        "in all either way (2 processes share the machine's cores).",
+        f"Same machine, same run of this script, 1 and {devices} processes interleaved; "
+        + (f"{devices} GPUs in all either way, envs scaled by {devices // 2}." if args.gpus else
+           "2 CPU devices in all either way (2 processes share the machine's cores)."),
         "`<hook>_ms`: the loop's seconds per call of that hook (median over the log windows "
         "after the first); with 2 processes the difference is the cross-process collectives "
         "(gloo on CPU) and the two processes sharing the cores.",

@@ -13,7 +13,10 @@ then does.
     python -m jaxwm.launch --num_processes=2 -- --config=ppo:cartpole --workdir=runs/mp
 
 Fake devices per process (CPU): ``--devices_per_process=2`` sets
-``XLA_FLAGS=--xla_force_host_platform_device_count=2``. On a cluster the scheduler starts
+``XLA_FLAGS=--xla_force_host_platform_device_count=2``. GPUs per process:
+``--gpus_per_process=1`` gives process ``i`` the ``i``-th GPU alone (``CUDA_VISIBLE_DEVICES``,
+taken from the launcher's own list where it has one); without it every process would see every
+GPU of the machine. On a cluster the scheduler starts
 the processes instead, and JAX reads the same three values from it (Slurm: ``srun`` with one
 task per process; docs/user_guide.md, "Scaling across devices and processes").
 """
@@ -36,26 +39,46 @@ def free_port() -> int:
 
 
 def process_env(process_id: int, num_processes: int, address: str,
-                devices_per_process: int = 0) -> dict[str, str]:
+                devices_per_process: int = 0, gpus_per_process: int = 0) -> dict[str, str]:
     env = dict(os.environ, JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES=str(num_processes),
                JAX_PROCESS_ID=str(process_id))
     if devices_per_process:
         env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=(
             env.get("XLA_FLAGS", "") +
             f" --xla_force_host_platform_device_count={devices_per_process}").strip())
+    if gpus_per_process:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(process_gpus(
+            process_id, num_processes, gpus_per_process, os.environ.get("CUDA_VISIBLE_DEVICES")))
     return env
 
 
+def process_gpus(process_id: int, num_processes: int, gpus_per_process: int,
+                 visible: str | None) -> list[str]:
+    """Process ``process_id``'s GPUs: its ``gpus_per_process`` of the launcher's visible list
+    (``visible``, as ``CUDA_VISIBLE_DEVICES`` writes it; ``None``: the machine's 0, 1, ...)."""
+    needed = num_processes * gpus_per_process
+    ids = [g.strip() for g in visible.split(",") if g.strip()] if visible else \
+        [str(i) for i in range(needed)]
+    if len(ids) < needed:
+        raise ValueError(f"{num_processes} processes x {gpus_per_process} GPUs need {needed} "
+                         f"GPUs, but CUDA_VISIBLE_DEVICES lists {len(ids)} ({visible}).")
+    return ids[process_id * gpus_per_process:(process_id + 1) * gpus_per_process]
+
+
 def spawn(python_args: list[str], num_processes: int, devices_per_process: int = 0,
-          **popen_kwargs) -> list[subprocess.Popen]:
+          gpus_per_process: int = 0, **popen_kwargs) -> list[subprocess.Popen]:
     """Starts ``python <python_args>`` ``num_processes`` times as one JAX job."""
     if num_processes < 1:
         raise ValueError(f"--num_processes must be >= 1, got {num_processes}.")
+    if devices_per_process and gpus_per_process:
+        raise ValueError("--devices_per_process (fake CPU devices) and --gpus_per_process "
+                         "exclude each other: pass one.")
+    envs = [process_env(i, num_processes, "", devices_per_process, gpus_per_process)
+            for i in range(num_processes)]  # checked before a port is taken or a process starts
     address = f"127.0.0.1:{free_port()}"
     return [subprocess.Popen([sys.executable, *python_args],
-                             env=process_env(i, num_processes, address, devices_per_process),
-                             **popen_kwargs)
-            for i in range(num_processes)]
+                             env=dict(env, JAX_COORDINATOR_ADDRESS=address), **popen_kwargs)
+            for env in envs]
 
 
 # jaxwm.train's status for a run a signal stopped after saving (not imported: the launcher
@@ -91,13 +114,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m jaxwm.launch") ->
     parser.add_argument("--num_processes", type=int, required=True)
     parser.add_argument("--devices_per_process", type=int, default=0,
                         help="fake CPU devices per process (0: the machine's own)")
+    parser.add_argument("--gpus_per_process", type=int, default=0,
+                        help="GPUs per process, each process its own (0: every process sees all)")
     args = parser.parse_args(argv[:split])
     train_args = argv[split + 1:]
     if not train_args:
         parser.error("pass the jaxwm.train arguments after --, e.g. -- --config=ppo:cartpole")
     try:
         processes = spawn(["-m", "jaxwm.train", *train_args], args.num_processes,
-                          args.devices_per_process)
+                          args.devices_per_process, args.gpus_per_process)
     except ValueError as e:
         parser.error(str(e))
 

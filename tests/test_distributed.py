@@ -61,6 +61,27 @@ def test_joining_a_job_initialises_the_distributed_runtime_before_the_backend():
     assert out == dict(joined=True, initialized=True, processes=1, primary=True)
 
 
+def test_each_process_gets_its_own_gpus_from_the_visible_list(monkeypatch):
+    assert launch.process_gpus(1, 2, 1, None) == ["1"]
+    assert launch.process_gpus(1, 2, 2, "4,5,6,7") == ["6", "7"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert launch.process_env(1, 2, "127.0.0.1:1", gpus_per_process=1)["CUDA_VISIBLE_DEVICES"] == "1"
+    assert "CUDA_VISIBLE_DEVICES" not in launch.process_env(1, 2, "127.0.0.1:1")  # all GPUs
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--gpus_per_process=2"], "2 processes x 2 GPUs need 4 GPUs, but CUDA_VISIBLE_DEVICES lists 3"),
+    (["--gpus_per_process=1", "--devices_per_process=2"], "exclude each other: pass one"),
+])
+def test_gpu_assignments_that_cannot_work_are_refused_before_a_process_starts(
+        flags, message, monkeypatch, capsys):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    with pytest.raises(SystemExit) as stopped:
+        launch.main(["--num_processes=2", *flags, "--", "--config=ppo:tiny"])
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_a_process_the_coordinator_does_not_expect_is_refused_in_one_line():
     env = launch.process_env(2, 2, f"127.0.0.1:{launch.free_port()}")
     proc = subprocess.run([sys.executable, "-m", "jaxwm.train", "--config=ppo:cartpole"],
