@@ -390,7 +390,8 @@ def learning(args) -> None:
 def write_learning(args, rows: list, fig, budget: int) -> None:
     """The learning rows' results file and figure (``learning``)."""
     fig.tight_layout()
-    backend = common.hardware()["backend"]  # the CPU figure keeps its name; others get theirs
+    hw = common.hardware()
+    backend = hw["backend"]  # the CPU figure keeps its name; others get theirs
     figure = os.path.join(common.ROOT, "docs", "figures", "jax_envs_minatar"
                           + ("" if backend == "cpu" else f"_{backend}")
                           + ("_quick" if args.quick else "") + ".png")
@@ -407,7 +408,7 @@ def write_learning(args, rows: list, fig, budget: int) -> None:
                  else "its seeds vmapped over split(PRNGKey(30), seeds)")
         notes.append(f"PureJaxRL: purejaxrl/ppo.py at {peer_commit(args.purejaxrl_src)}, "
                      f"unchanged, {seeds}.")
-    common.write_results("jax_envs_learning", rows, common.hardware(), notes,
+    common.write_results("jax_envs_learning", rows, hw, notes,
                          ["game", "side", "seeds", "env_steps", "wall_s", "final_mean",
                           "final_sem", "finals"], quick=args.quick)
 

@@ -73,11 +73,10 @@ def spawn(python_args: list[str], num_processes: int, devices_per_process: int =
     if devices_per_process and gpus_per_process:
         raise ValueError("--devices_per_process (fake CPU devices) and --gpus_per_process "
                          "exclude each other: pass one.")
-    envs = [process_env(i, num_processes, "", devices_per_process, gpus_per_process)
-            for i in range(num_processes)]  # checked before a port is taken or a process starts
     address = f"127.0.0.1:{free_port()}"
-    return [subprocess.Popen([sys.executable, *python_args],
-                             env=dict(env, JAX_COORDINATOR_ADDRESS=address), **popen_kwargs)
+    envs = [process_env(i, num_processes, address, devices_per_process, gpus_per_process)
+            for i in range(num_processes)]  # every one checked before a process starts
+    return [subprocess.Popen([sys.executable, *python_args], env=env, **popen_kwargs)
             for env in envs]
 
 
